@@ -1,0 +1,35 @@
+"""The Python API notebooks and users call: `benchmark(...)`."""
+
+from .models import get_model
+from .models.custom import custom_spec
+from .results import Result, check_output_dir
+from .runner import RunRequest, run
+from .threads import resolve_threads
+from .timing import StopRule
+
+
+def benchmark(model, *, precision: str = "fp32", backend: str = "eager", batch_size: int = 1,
+              threads: int | None = None, example_inputs=None, input_size: int | None = None,
+              seq_len: int | None = None, new_tokens: int | None = None, weights: str | None = None,
+              model_dir: str | None = None, timeout: float = 60.0, num_runs: int | None = None,
+              output=None, allow_oversubscribe: bool = False) -> Result:
+    """Measure a zoo model (by name) or your own `torch.nn.Module` (with `example_inputs`) on one backend.
+
+    Returns a `Result` (`.to_dict()`, `.to_series()` for a pandas row); with `output`, the record is
+    also appended to `<output>/results.jsonl`.
+    """
+    choice = resolve_threads(threads, allow_oversubscribe=allow_oversubscribe)
+    rule = StopRule(timeout_s=timeout, num_runs=num_runs)
+    out_dir = check_output_dir(output) if output is not None else None
+    if isinstance(model, str):
+        spec = get_model(model)
+        shape = spec.shape(input_size=input_size, seq_len=seq_len, new_tokens=new_tokens)
+        req = RunRequest(spec, [backend], precision, batch_size, choice, shape, weights, model_dir, rule)
+    else:
+        if example_inputs is None:
+            raise TypeError("benchmark(module) needs example_inputs=(tensor, ...)")
+        inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
+        spec, batch, shapes = custom_spec(model, inputs)
+        req = RunRequest(spec, [backend], precision, batch, choice, shapes, rule=rule, module=model,
+                         example_inputs=inputs)
+    return run(req, out_dir)[0]

@@ -1,0 +1,29 @@
+"""Backend registry: one line per backend, each in its own module."""
+
+from ..errors import UsageError
+from .base import Backend, Prepared
+from .eager import EagerBackend
+from .inductor import InductorBackend
+from .torchscript import TorchScriptBackend
+
+BACKENDS: dict[str, Backend] = {b.name: b for b in (
+    EagerBackend(),
+    TorchScriptBackend(),
+    InductorBackend(),
+)}
+
+DEFAULT_BACKEND = "inductor"
+
+
+def get_backend(name: str) -> Backend:
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise UsageError(f"backend {name!r} is unknown; accepted: {', '.join(BACKENDS)}, all") from None
+
+
+def available_backends() -> list[str]:
+    return [name for name, b in BACKENDS.items() if b.unavailable_reason() is None]
+
+
+__all__ = ["BACKENDS", "DEFAULT_BACKEND", "Backend", "Prepared", "available_backends", "get_backend"]

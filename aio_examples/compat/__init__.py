@@ -1,0 +1,1 @@
+"""Work-arounds for the installed libraries, each in one named module."""

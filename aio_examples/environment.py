@@ -1,0 +1,78 @@
+"""The machine and software a result was measured on, captured once per process."""
+
+import functools
+import importlib.metadata
+import os
+import platform
+import socket
+import subprocess
+from pathlib import Path
+
+from .topology import read_topology
+
+ENV_PREFIXES = ("AIO_", "OMP_", "DNNL_", "ONEDNN_", "MKL_", "KMP_", "OPENBLAS_", "GOMP_")
+ENV_NAMES = ("LD_PRELOAD", "MALLOC_CONF", "GLIBC_TUNABLES", "THP_MEM_ALLOC_ENABLE", "LRU_CACHE_CAPACITY")
+ISA_PREFIXES = ("avx2", "avx512", "amx", "avx_vnni", "fma", "sve", "asimd", "bf16", "i8mm")
+PACKAGES = ("torch", "torchvision", "transformers", "numpy", "onnxruntime", "openvino")
+
+
+def _cpuinfo() -> tuple[str, list[str]]:
+    model, flags = platform.processor() or platform.machine(), []
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return model, flags
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key in ("model name", "Model name") and model in ("", platform.machine(), platform.processor()):
+            model = value.strip()
+        elif key in ("flags", "Features") and not flags:
+            flags = value.split()
+    return model, flags
+
+
+def _version(pkg: str) -> str | None:
+    try:
+        return importlib.metadata.version(pkg)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def git_commit(path: Path = Path(__file__).resolve().parent.parent) -> str | None:
+    """Commit of the harness checkout (None outside a git checkout)."""
+    try:
+        out = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+@functools.lru_cache(maxsize=1)
+def _static() -> dict:
+    model, flags = _cpuinfo()
+    topo = read_topology()
+    return {
+        "cpu_model": model,
+        "isa": sorted(f for f in flags if f.startswith(ISA_PREFIXES)),
+        "arch": platform.machine(),
+        "logical_cpus": os.cpu_count(),
+        "physical_cores_available": topo.physical_cores,
+        "numa_nodes": len(topo.numa_nodes),
+        "kernel": platform.release(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "versions": {p: _version(p) for p in PACKAGES},
+        "git_commit": git_commit(),
+        "hostname": socket.gethostname(),
+    }
+
+
+def capture(extra: dict | None = None) -> dict:
+    """Static facts plus the env vars in effect now (they can change between runs in one process)."""
+    env = dict(_static())
+    env["env_vars"] = {k: v for k, v in sorted(os.environ.items())
+                       if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
+    env.update(extra or {})
+    return env

@@ -1,0 +1,34 @@
+"""Log verbosity from AIO_DEBUG_MODE (0 silent .. 4 everything), as the product docs define it."""
+
+import logging
+import os
+
+from .errors import UsageError
+
+_LEVELS = {0: logging.CRITICAL + 10, 1: logging.ERROR, 2: logging.INFO, 3: logging.DEBUG, 4: logging.DEBUG}
+
+logger = logging.getLogger("aio_examples")
+
+
+def debug_mode(environ=None) -> int:
+    """The AIO_DEBUG_MODE in effect; 2 when unset."""
+    raw = (environ if environ is not None else os.environ).get("AIO_DEBUG_MODE", "").strip()
+    if not raw:
+        return 2
+    if raw not in {"0", "1", "2", "3", "4"}:
+        raise UsageError(f"AIO_DEBUG_MODE={raw!r} is invalid; accepted: 0, 1, 2, 3, 4")
+    return int(raw)
+
+
+def configure(mode: int | None = None) -> int:
+    """Point the package logger at stderr at the level AIO_DEBUG_MODE asks for."""
+    mode = debug_mode() if mode is None else mode
+    logger.setLevel(_LEVELS[mode])
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[aio-examples] %(levelname)s: %(message)s"))
+        logger.addHandler(handler)
+    logger.propagate = False
+    if mode >= 4:
+        logging.getLogger("torch").setLevel(logging.DEBUG)
+    return mode

@@ -1,0 +1,54 @@
+"""The model zoo: one registry entry per model."""
+
+from ..errors import UsageError
+from .base import ModelSpec, file_sha256, load_state_dict_file
+from .nlp import CausalLM, Encoder
+from .vision import Classifier, Detector
+
+_GENERATION_JIT = "generation passes a growing KV cache between steps, which a trace cannot capture"
+
+ZOO: dict[str, ModelSpec] = {spec.name: spec for spec in (
+    # classification (torchvision)
+    Classifier("resnet_50_v1", "image-classification", "images", {"input_size": 224}, builder="resnet50"),
+    Classifier("resnet_18", "image-classification", "images", {"input_size": 224}, builder="resnet18"),
+    Classifier("mobilenet_v2", "image-classification", "images", {"input_size": 224}, builder="mobilenet_v2"),
+    Classifier("mobilenet_v3_large", "image-classification", "images", {"input_size": 224},
+               builder="mobilenet_v3_large"),
+    Classifier("densenet_121", "image-classification", "images", {"input_size": 224}, builder="densenet121"),
+    Classifier("vgg_16", "image-classification", "images", {"input_size": 224}, builder="vgg16"),
+    Classifier("inception_v3", "image-classification", "images", {"input_size": 299}, builder="inception_v3",
+               builder_kwargs={"aux_logits": True, "init_weights": False}, min_size=75),
+    Classifier("squeezenet", "image-classification", "images", {"input_size": 224}, builder="squeezenet1_1"),
+    Classifier("efficientnet_b0", "image-classification", "images", {"input_size": 224}, builder="efficientnet_b0"),
+    Classifier("vit_b_16", "image-classification", "images", {"input_size": 224}, builder="vit_b_16", min_size=224),
+    # object detection (torchvision)
+    Detector("ssdlite320_mobilenet_v3", "object-detection", "images", {"input_size": 320},
+             builder="ssdlite320_mobilenet_v3_large", resizes=False),
+    Detector("fasterrcnn_mobilenet_v3_fpn", "object-detection", "images", {"input_size": 320},
+             builder="fasterrcnn_mobilenet_v3_large_320_fpn"),
+    Detector("retinanet_resnet50_fpn", "object-detection", "images", {"input_size": 512},
+             builder="retinanet_resnet50_fpn"),
+    # NLP (transformers)
+    Encoder("bert_base", "question-answering", "sequences", {"seq_len": 384},
+            config_class="BertConfig", model_class="BertForQuestionAnswering",
+            auto_class="AutoModelForQuestionAnswering"),
+    Encoder("distilbert_base", "text-classification", "sequences", {"seq_len": 128},
+            config_class="DistilBertConfig", model_class="DistilBertForSequenceClassification",
+            auto_class="AutoModelForSequenceClassification"),
+    Encoder("roberta_base", "fill-mask", "sequences", {"seq_len": 128},
+            config_class="RobertaConfig", model_class="RobertaForMaskedLM", auto_class="AutoModelForMaskedLM",
+            config_kwargs=(("max_position_embeddings", 514), ("type_vocab_size", 1), ("layer_norm_eps", 1e-5))),
+    CausalLM("gpt2", "text-generation", "tokens", {"seq_len": 32, "new_tokens": 32},
+             config_class="GPT2Config", model_class="GPT2LMHeadModel", auto_class="AutoModelForCausalLM",
+             unsupported_backends={"torchscript": _GENERATION_JIT}),
+)}
+
+
+def get_model(name: str) -> ModelSpec:
+    try:
+        return ZOO[name]
+    except KeyError:
+        raise UsageError(f"model {name!r} is unknown; accepted: {', '.join(ZOO)}") from None
+
+
+__all__ = ["ZOO", "ModelSpec", "file_sha256", "get_model", "load_state_dict_file"]

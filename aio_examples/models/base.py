@@ -1,0 +1,111 @@
+"""What a zoo entry is: how to build the model, make its inputs and count its work."""
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import UsageError
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One zoo entry. Subclasses per model family implement `_build_module` and `example_inputs`."""
+
+    name: str
+    task: str                       # e.g. image-classification, object-detection, question-answering
+    task_unit: str                  # what throughput counts: images, sequences, tokens
+    default_shape: dict             # e.g. {"input_size": 224} or {"seq_len": 384}
+    unsupported_backends: dict = field(default_factory=dict)   # backend -> reason
+
+    @property
+    def family(self) -> str:
+        return "nlp" if "seq_len" in self.default_shape else "vision"
+
+    def shape(self, **overrides) -> dict:
+        """Default shape with the user's overrides (None means keep the default), validated."""
+        shape = dict(self.default_shape)
+        for key, value in overrides.items():
+            if value is None:
+                continue
+            if key not in shape:
+                flag = "--" + key.replace("_", "-")
+                raise UsageError(f"{flag} does not apply to {self.name} ({self.task}); "
+                                 f"accepted: {', '.join('--' + k.replace('_', '-') for k in shape)}")
+            if int(value) < 1:
+                raise UsageError(f"--{key.replace('_', '-')} {value} is invalid; accepted: a whole number >= 1")
+            shape[key] = int(value)
+        self.check_shape(shape)
+        return shape
+
+    def check_shape(self, shape: dict) -> None:
+        """Raise UsageError for shapes this model cannot take."""
+
+    def build(self, weights: str | None = None, model_dir: str | None = None, shape: dict | None = None):
+        """The model in eval mode: random weights, a state-dict file, or a local model folder."""
+        import torch
+
+        torch.manual_seed(0)   # random weights are the same in every process
+        if model_dir is not None:
+            module = self._from_dir(Path(model_dir))
+        else:
+            module = self._build_module(shape or self.default_shape)
+        if weights is not None:
+            load_state_dict_file(self._weights_target(module), weights)
+        return module.eval()
+
+    def _build_module(self, shape: dict):
+        raise NotImplementedError
+
+    def _from_dir(self, path: Path):
+        raise UsageError(f"--model-dir is for Hugging Face models; {self.name} loads weights with --weights FILE")
+
+    def _weights_target(self, module):
+        """The module a state-dict file is loaded into (the wrapped library model)."""
+        return getattr(module, "model", module)
+
+    def example_inputs(self, batch_size: int, shape: dict, module) -> tuple:
+        raise NotImplementedError
+
+    def task_size(self, batch_size: int, shape: dict) -> int:
+        """Work units (task_unit) one pass does."""
+        return batch_size
+
+    def make_pass(self, prepared, shape: dict):
+        """A zero-argument callable doing one pass of the prepared model."""
+        fn, inputs = prepared.fn, prepared.inputs
+        return lambda: fn(*inputs)
+
+    def input_shape(self, batch_size: int, shape: dict) -> dict:
+        """The input shape recorded in results."""
+        return {"batch_size": batch_size, **shape}
+
+
+def load_state_dict_file(module, path: str) -> None:
+    """Load a PyTorch state-dict file (optionally under a "state_dict" or "model" key) strictly."""
+    import torch
+
+    file = Path(path)
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise UsageError(f"--weights {path!r} does not exist; accepted: a readable PyTorch state-dict file") from None
+    except (OSError, RuntimeError, ValueError, EOFError) as exc:
+        raise UsageError(f"--weights {path!r} is not a readable PyTorch state-dict file ({exc.__class__.__name__})") from None
+    for key in ("state_dict", "model"):
+        if isinstance(state, dict) and isinstance(state.get(key), dict):
+            state = state[key]
+    if not isinstance(state, dict):
+        raise UsageError(f"--weights {path!r} holds a {type(state).__name__}, not a state dict")
+    try:
+        module.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[1:2] or [str(exc)]
+        raise UsageError(f"--weights {path!r} does not fit {type(module).__name__}: {first[0].strip()}") from None
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,151 @@
+"""NLP models from transformers' architecture code: encoders and a causal LM for generation."""
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..errors import UsageError
+from .base import ModelSpec
+
+QUESTION = "Which settings decide how fast a model runs on a CPU?"
+CONTEXT = ("How fast a neural network runs on a server processor depends on the number of threads, the batch "
+           "size, the numeric precision and the software that executes the graph. Binding threads to cores and "
+           "keeping memory on the local node removes noise, so measurements can be compared across machines. ")
+MASK_SENTENCE = "Running inference on the processor is {mask} when threads are bound to physical cores."
+
+
+def _transformers():
+    # transformers imports torchvision when it is installed; make sure that import works first.
+    from ..compat.torchvision_shim import ensure_torchvision
+
+    ensure_torchvision()
+    import transformers
+
+    return transformers
+
+
+class EncoderModel(nn.Module):
+    """(input_ids, attention_mask) in, a tuple of tensors out: a shape every backend can trace or export."""
+
+    def __init__(self, model: nn.Module, tokenizer=None):
+        super().__init__()
+        self.model = model
+        self.tokenizer = tokenizer
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=False)
+
+
+@dataclass(frozen=True)
+class Encoder(ModelSpec):
+    """A transformers encoder with a task head, built from its default (base-size) config."""
+
+    config_class: str = ""
+    model_class: str = ""
+    auto_class: str = ""
+    config_kwargs: tuple = ()
+
+    def _config(self):
+        return getattr(_transformers(), self.config_class)(**dict(self.config_kwargs))
+
+    def check_shape(self, shape):
+        limit = self._config().max_position_embeddings - (2 if self.config_class == "RobertaConfig" else 0)
+        if shape["seq_len"] > limit:
+            raise UsageError(f"--seq-len {shape['seq_len']} is too long for {self.name}; accepted: 1..{limit}")
+
+    def _build_module(self, shape):
+        return EncoderModel(getattr(_transformers(), self.model_class)(self._config()))
+
+    def _from_dir(self, path: Path):
+        tf = _transformers()
+        if not (path / "config.json").is_file():
+            raise UsageError(f"--model-dir {str(path)!r} has no config.json; accepted: a local Hugging Face model folder")
+        model = getattr(tf, self.auto_class).from_pretrained(path)
+        tokenizer = None
+        if any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json")):
+            tokenizer = tf.AutoTokenizer.from_pretrained(path)
+        return EncoderModel(model, tokenizer)
+
+    def _text(self, tokenizer) -> dict:
+        if self.task == "question-answering":
+            return {"text": QUESTION, "text_pair": CONTEXT * 8, "truncation": "only_second"}
+        if self.task == "fill-mask":
+            return {"text": MASK_SENTENCE.format(mask=tokenizer.mask_token), "truncation": True}
+        return {"text": CONTEXT * 8, "truncation": True}
+
+    def example_inputs(self, batch_size, shape, module):
+        seq_len = shape["seq_len"]
+        tokenizer = getattr(module, "tokenizer", None)
+        if tokenizer is not None:
+            enc = tokenizer(**self._text(tokenizer), padding="max_length", max_length=seq_len, return_tensors="pt")
+            return enc["input_ids"].repeat(batch_size, 1), enc["attention_mask"].repeat(batch_size, 1)
+        vocab = module.model.config.vocab_size
+        gen = torch.Generator().manual_seed(1234)
+        ids = torch.randint(5, vocab, (batch_size, seq_len), generator=gen)
+        return ids, torch.ones_like(ids)
+
+
+class CausalLMStep(nn.Module):
+    """One decoding step with a KV cache: what a backend prepares for generation."""
+
+    def __init__(self, model: nn.Module, tokenizer=None):
+        super().__init__()
+        self.model = model
+        self.tokenizer = tokenizer
+
+    def forward(self, input_ids: torch.Tensor, past_key_values=None):
+        out = self.model(input_ids=input_ids, past_key_values=past_key_values, use_cache=True)
+        return out.logits[:, -1], out.past_key_values
+
+
+class GreedyGeneration:
+    """One pass = prompt prefill + greedy decoding of `new_tokens` tokens; records time to first token."""
+
+    def __init__(self, step, prompt: torch.Tensor, new_tokens: int):
+        self.step, self.prompt, self.new_tokens = step, prompt, new_tokens
+        self.pass_metrics: dict = {}
+
+    def __call__(self):
+        start = time.perf_counter_ns()
+        logits, past = self.step(self.prompt)
+        tokens = [logits.argmax(-1)]
+        self.pass_metrics = {"ttft": time.perf_counter_ns() - start}
+        for _ in range(self.new_tokens - 1):
+            logits, past = self.step(tokens[-1][:, None], past)
+            tokens.append(logits.argmax(-1))
+        return torch.stack(tokens, 1)
+
+
+@dataclass(frozen=True)
+class CausalLM(Encoder):
+    """A causal LM benchmarked as text generation: throughput in generated tokens per second."""
+
+    def check_shape(self, shape):
+        limit = self._config().n_positions
+        if shape["seq_len"] + shape["new_tokens"] > limit:
+            raise UsageError(f"--seq-len + --new-tokens = {shape['seq_len'] + shape['new_tokens']} is too long "
+                             f"for {self.name}; accepted: at most {limit}")
+
+    def _build_module(self, shape):
+        return CausalLMStep(getattr(_transformers(), self.model_class)(self._config()))
+
+    def _from_dir(self, path: Path):
+        enc = super()._from_dir(path)
+        return CausalLMStep(enc.model, enc.tokenizer)
+
+    def example_inputs(self, batch_size, shape, module):
+        seq_len, tokenizer = shape["seq_len"], getattr(module, "tokenizer", None)
+        if tokenizer is not None:
+            ids = tokenizer(CONTEXT * 16, return_tensors="pt")["input_ids"][:, :seq_len]
+            return (ids.repeat(batch_size, 1),)
+        gen = torch.Generator().manual_seed(1234)
+        return (torch.randint(0, module.model.config.vocab_size, (batch_size, seq_len), generator=gen),)
+
+    def task_size(self, batch_size, shape):
+        return batch_size * shape["new_tokens"]
+
+    def make_pass(self, prepared, shape):
+        return GreedyGeneration(prepared.fn, prepared.inputs[0], shape["new_tokens"])

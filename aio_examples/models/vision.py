@@ -1,0 +1,77 @@
+"""Image classification and object detection models from torchvision's architecture code."""
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..compat.torchvision_shim import ensure_torchvision
+from ..errors import UsageError
+from .base import ModelSpec
+
+
+def _images(batch_size: int, size: int) -> torch.Tensor:
+    """Fixed pseudo-random images in [0, 1): the same in every process."""
+    gen = torch.Generator().manual_seed(1234)
+    return torch.rand(batch_size, 3, size, size, generator=gen)
+
+
+@dataclass(frozen=True)
+class Classifier(ModelSpec):
+    """A torchvision classification model, built by `builder` name with random weights."""
+
+    builder: str = ""
+    builder_kwargs: dict = field(default_factory=dict)
+    min_size: int = 32
+
+    def check_shape(self, shape):
+        if shape["input_size"] < self.min_size:
+            raise UsageError(f"--input-size {shape['input_size']} is too small for {self.name}; "
+                             f"accepted: >= {self.min_size}")
+
+    def _build_module(self, shape):
+        tv = ensure_torchvision()
+        return getattr(tv.models, self.builder)(weights=None, **self.builder_kwargs)
+
+    def _weights_target(self, module):
+        return module
+
+    def example_inputs(self, batch_size, shape, module):
+        return (_images(batch_size, shape["input_size"]),)
+
+
+class DetectionModel(nn.Module):
+    """Batched image tensor in, torchvision's list of {boxes, labels, scores} out."""
+
+    jit_mode = "script"   # data-dependent control flow: tracing would freeze one path
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        batch = list(images.unbind(0))
+        if torch.jit.is_scripting():
+            return self.model(batch)[1]      # scripted detection models return (losses, detections)
+        return self.model(batch)
+
+
+@dataclass(frozen=True)
+class Detector(ModelSpec):
+    """A torchvision detection model; `resizes` says whether --input-size sets its internal resize."""
+
+    builder: str = ""
+    resizes: bool = True
+
+    def check_shape(self, shape):
+        if shape["input_size"] < 64:
+            raise UsageError(f"--input-size {shape['input_size']} is too small for {self.name}; accepted: >= 64")
+
+    def _build_module(self, shape):
+        tv = ensure_torchvision()
+        kwargs = {"min_size": shape["input_size"], "max_size": shape["input_size"]} if self.resizes else {}
+        model = getattr(tv.models.detection, self.builder)(weights=None, weights_backbone=None, **kwargs)
+        return DetectionModel(model)
+
+    def example_inputs(self, batch_size, shape, module):
+        return (_images(batch_size, shape["input_size"]),)

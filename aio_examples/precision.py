@@ -1,0 +1,38 @@
+"""Precisions: names users pass, and casting models and inputs to them."""
+
+from .errors import UsageError
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def validate(name: str) -> str:
+    if name not in PRECISIONS:
+        raise UsageError(f"precision {name!r} is not supported; accepted: {', '.join(PRECISIONS)}")
+    return name
+
+
+def dtype(name: str):
+    import torch
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[validate(name)]
+
+
+def cast_tree(obj, to):
+    """Cast every floating tensor in a nested structure; token ids and masks stay integer."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.to(to) if obj.is_floating_point() else obj
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(cast_tree(o, to) for o in obj)
+    if isinstance(obj, dict):
+        return {k: cast_tree(v, to) for k, v in obj.items()}
+    return obj
+
+
+def cast(model, inputs, precision: str):
+    """Run the whole model at `precision`: weights and floating inputs cast (mode "cast")."""
+    to = dtype(precision)
+    if precision == "fp32":
+        return model, inputs, "native"
+    return model.to(to), cast_tree(inputs, to), "cast"

@@ -1,0 +1,186 @@
+"""Run configurations: build the model once, prepare it on each backend, measure, make records."""
+
+import copy
+import os
+import resource
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import precision as prec
+from . import results as res
+from .backends import BACKENDS, get_backend
+from .compat.torchvision_shim import torchvision_status
+from .environment import capture
+from .errors import UnsupportedError, UsageError
+from .log import logger
+from .models import ModelSpec, file_sha256, get_model
+from .threads import ThreadChoice, apply_threads
+from .timing import Measurement, StopRule, measure
+
+# Messages of errors that mean "this build cannot do that", not "something broke".
+_UNSUPPORTED_MARKERS = ("not implemented for", "Unsupported", "not supported", "NotImplementedError")
+
+
+@dataclass
+class RunRequest:
+    """What to measure: one model at one precision/batch/threads on one or more backends."""
+
+    spec: ModelSpec
+    backends: list[str]
+    precision: str = "fp32"
+    batch_size: int = 1
+    threads: ThreadChoice = None
+    shape: dict = field(default_factory=dict)
+    weights: str | None = None
+    model_dir: str | None = None
+    rule: StopRule = field(default_factory=StopRule)
+    module: object = None            # a user's own module (then spec is a CustomModel)
+    example_inputs: tuple | None = None
+
+    def __post_init__(self):
+        prec.validate(self.precision)
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise UsageError(f"batch size {self.batch_size!r} is invalid; accepted: a whole number >= 1")
+        for name in self.backends:
+            get_backend(name)
+        if self.weights is not None and not Path(self.weights).is_file():
+            raise UsageError(f"--weights {self.weights!r} is not a readable file; "
+                             "accepted: a PyTorch state-dict file")
+        if self.model_dir is not None and not Path(self.model_dir).is_dir():
+            raise UsageError(f"--model-dir {self.model_dir!r} is not a folder; accepted: a local Hugging Face model folder")
+
+
+@dataclass
+class _Candidate:
+    backend: str
+    precision: str
+    result: res.Result
+    measurement: Measurement | None = None
+
+
+def _classify(exc: BaseException) -> tuple[str, str]:
+    text = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    if isinstance(exc, (UnsupportedError, NotImplementedError)) or any(m in text for m in _UNSUPPORTED_MARKERS):
+        return "unsupported", text[:500]
+    return "failed", text[:500]
+
+
+def _weights_label(req: RunRequest) -> tuple[str, str | None]:
+    if req.model_dir:
+        return "model-dir", str(Path(req.model_dir).resolve())
+    if req.weights:
+        return "file", f"{Path(req.weights).resolve()} (sha256 {file_sha256(req.weights)[:16]})"
+    return ("user-module" if req.module is not None else "random"), None
+
+
+def run(req: RunRequest, out_dir: Path | None = None, run_id: str | None = None,
+        reference: bool = False) -> list[res.Result]:
+    """Measure every requested backend (interleaved) and return their records, appended to out_dir.
+
+    With `reference`, eager fp32 is measured alongside when not requested, so every record gets
+    its speedup over eager fp32 from the same run.
+    """
+    import torch
+
+    run_id = run_id or res.new_run_id()
+    threads_in_effect = apply_threads(req.threads.threads)
+    module = req.module if req.module is not None else req.spec.build(req.weights, req.model_dir, req.shape)
+    module.eval()
+    inputs = req.example_inputs or req.spec.example_inputs(req.batch_size, req.shape, module)
+    weights, weights_path = _weights_label(req)
+    env = capture({**torchvision_status()})
+    binding = {"threads_in_effect": threads_in_effect, "threads_requested": req.threads.threads,
+               "threads_source": req.threads.source, "interop_threads": torch.get_num_interop_threads(),
+               "affinity": sorted(os.sched_getaffinity(0))}
+    configs = [(b, req.precision) for b in req.backends]
+    if reference and ("eager", "fp32") not in configs:
+        configs.insert(0, ("eager", "fp32"))
+    if weights == "random":
+        logger.info("%s uses random weights (none can be loaded here by default): outputs are meaningless, "
+                    "timings are representative. Use --weights or --model-dir for real weights.", req.spec.name)
+
+    candidates = []
+    for backend_name, precision in configs:
+        result = res.Result(
+            model=req.spec.name, task=req.spec.task, backend=backend_name, precision=precision,
+            batch_size=req.batch_size, threads=req.threads.threads,
+            input_shape=req.spec.input_shape(req.batch_size, req.shape), weights=weights, weights_path=weights_path,
+            confidence_target={"ci_rel_halfwidth": req.rule.ci_target, "confidence": req.rule.confidence},
+            binding=binding, env=env, run_id=run_id)
+        cand = _Candidate(backend_name, precision, result)
+        candidates.append(cand)
+        backend = BACKENDS[backend_name]
+        reason = backend.unavailable_reason() or backend.unsupported_reason(req.spec, precision)
+        if reason:
+            result.status, result.reason = "unsupported", reason
+            continue
+        logger.info("preparing %s on %s at %s", req.spec.name, backend_name, precision)
+        start = time.perf_counter()
+        try:
+            with torch.no_grad():
+                prepared = backend.prepare(copy.deepcopy(module), inputs, precision, req.threads.threads)
+        except Exception as exc:  # a backend that cannot take this model is a result, not a crash
+            result.status, result.reason = _classify(exc)
+            logger.debug("preparing %s failed", backend_name, exc_info=True)
+            continue
+        result.prepare_s = round(time.perf_counter() - start, 3)
+        result.precision_mode = prepared.precision_mode
+        result.backend_info = prepared.info
+        cand.measurement = Measurement(req.spec.make_pass(prepared, req.shape), req.rule)
+
+    active = [c for c in candidates if c.measurement is not None]
+    if active:
+        logger.info("measuring %s", ", ".join(f"{c.backend}/{c.precision}" for c in active)
+                    + (" in interleaved rounds so drift affects all alike" if len(active) > 1 else ""))
+    with torch.no_grad():
+        measure([c.measurement for c in active], on_error=_fail_measurement)
+    for cand in active:
+        _fill(cand, req)
+    _speedups(candidates)
+    if out_dir is not None:
+        for cand in candidates:
+            res.append(out_dir, cand.result)
+    return [c.result for c in candidates]
+
+
+def _fail_measurement(measurement: Measurement, exc: BaseException) -> None:
+    measurement.error = _classify(exc)
+
+
+def _fill(cand: _Candidate, req: RunRequest) -> None:
+    m, r = cand.measurement, cand.result
+    if getattr(m, "error", None):
+        r.status, r.reason = m.error
+        return
+    summary = m.summary()
+    r.latency_ms = summary.to_dict()
+    r.samples_ms = [round(s / 1e6, 4) for s in m.samples_ns]
+    total_s = sum(m.samples_ns) / 1e9
+    units = req.spec.task_size(req.batch_size, req.shape) * len(m.samples_ns)
+    r.throughput = {"value": units / total_s, "unit": f"{req.spec.task_unit}/s"}
+    r.first_pass_ms = m.first_pass_ms
+    r.warmup = {"passes": m.warmup_passes, "seconds": round(m.warmup_s, 3)}
+    r.measured_s = round(m.measured_s, 3)
+    r.stop_reason = m.stop_reason
+    r.confidence_met = m.confidence_met
+    r.peak_rss_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    for name, values in m.extra_ns.items():
+        r.metrics[f"{name}_ms"] = res_summary(values)
+
+
+def res_summary(values_ns) -> dict:
+    from .stats import summarize
+
+    s = summarize([v / 1e6 for v in values_ns])
+    return {"median": s.median, "p90": s.p90, "mean": s.mean, "n": s.n}
+
+
+def _speedups(candidates: list[_Candidate]) -> None:
+    ref = next((c.result for c in candidates if c.backend == "eager" and c.precision == "fp32"
+                and c.result.status == "ok"), None)
+    if ref is None:
+        return
+    for c in candidates:
+        if c.result.status == "ok":
+            c.result.speedup_vs_eager_fp32 = ref.median_ms / c.result.median_ms

@@ -1,0 +1,166 @@
+"""Honest timing: warm-up until stable, then measure until the median is known well enough.
+
+Only the pass itself is timed (inputs are made before), with `time.perf_counter_ns`, and
+every output is touched inside the timed region so nothing lazy escapes the clock.
+"""
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import UsageError
+from .stats import Summary, summarize
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """When to stop measuring: confident median, or a count, or a time budget."""
+
+    timeout_s: float = 60.0          # measured wall time budget per configuration
+    num_runs: int | None = None      # exact count of measured passes (still capped by timeout)
+    min_runs: int = 10
+    min_time_s: float = 2.0
+    ci_target: float = 0.01          # CI of the median within +-1% of the median ...
+    confidence: float = 0.95         # ... at 95% confidence
+    warmup_min: int = 2              # the first passes compile or fill caches
+    warmup_window: int = 3           # warm-up ends when this many passes agree ...
+    warmup_tolerance: float = 0.10   # ... within this fraction
+    warmup_share: float = 0.25       # of the timeout, at most, spent warming up
+
+    def __post_init__(self):
+        if not self.timeout_s > 0:
+            raise UsageError(f"--timeout {self.timeout_s} is invalid; accepted: seconds > 0")
+        if self.num_runs is not None and self.num_runs < 1:
+            raise UsageError(f"--num-runs {self.num_runs} is invalid; accepted: a whole number >= 1")
+        if not 0 < self.ci_target < 1:
+            raise UsageError(f"confidence target {self.ci_target} is invalid; accepted: 0 < target < 1")
+
+
+def consume(out) -> None:
+    """Touch every tensor/array in an output so lazy backends must produce it."""
+    if out is None:
+        return
+    if isinstance(out, dict):
+        for v in out.values():
+            consume(v)
+    elif isinstance(out, (list, tuple)):
+        for v in out:
+            consume(v)
+    elif hasattr(out, "to_tuple"):          # Hugging Face ModelOutput
+        consume(out.to_tuple())
+    elif hasattr(out, "numel") and out.numel():
+        out.reshape(-1)[0].item()
+    elif isinstance(out, np.ndarray) and out.size:
+        out.reshape(-1)[0].item()
+
+
+@dataclass
+class Measurement:
+    """Warm-up and measured samples of one pass function (a zero-argument callable)."""
+
+    fn: object
+    rule: StopRule
+    first_pass_ms: float | None = None
+    warmup_passes: int = 0
+    warmup_s: float = 0.0
+    samples_ns: list = field(default_factory=list)
+    extra_ns: dict = field(default_factory=dict)   # per-pass metrics a pass reports, e.g. ttft
+    measured_s: float = 0.0
+    stop_reason: str | None = None
+    error: tuple | None = None                     # (status, reason) when a pass raised
+    _summary: Summary | None = None
+
+    def _pass(self) -> int:
+        t0 = time.perf_counter_ns()
+        consume(self.fn())
+        elapsed = time.perf_counter_ns() - t0
+        for name, value in (getattr(self.fn, "pass_metrics", None) or {}).items():
+            self.extra_ns.setdefault(name, []).append(value)
+        return elapsed
+
+    def warm_up(self) -> None:
+        """At least `warmup_min` passes, then until `warmup_window` passes agree, within a budget."""
+        budget = self.rule.timeout_s * self.rule.warmup_share
+        start = time.perf_counter()
+        times = []
+        while True:
+            times.append(self._pass())
+            if self.first_pass_ms is None:
+                self.first_pass_ms = times[0] / 1e6
+            last = times[-self.rule.warmup_window:]
+            stable = (len(last) == self.rule.warmup_window
+                      and max(last) <= min(last) * (1 + self.rule.warmup_tolerance))
+            if len(times) >= self.rule.warmup_min and (stable or time.perf_counter() - start >= budget):
+                break
+        self.warmup_passes = len(times)
+        self.warmup_s = time.perf_counter() - start
+        self.extra_ns.clear()
+
+    @property
+    def done(self) -> bool:
+        return self.stop_reason is not None
+
+    def summary(self) -> Summary:
+        if self._summary is None or self._summary.n != len(self.samples_ns):
+            self._summary = summarize(np.asarray(self.samples_ns) / 1e6, self.rule.confidence)
+        return self._summary
+
+    @property
+    def confidence_met(self) -> bool:
+        n = len(self.samples_ns)
+        return n >= 2 and self.summary().ci_rel_halfwidth <= self.rule.ci_target
+
+    def _check_stop(self) -> None:
+        rule, n = self.rule, len(self.samples_ns)
+        if rule.num_runs is not None and n >= rule.num_runs:
+            self.stop_reason = "num_runs"
+        elif self.measured_s >= rule.timeout_s and n >= 1:
+            self.stop_reason = "timeout"
+        elif (rule.num_runs is None and n >= rule.min_runs and self.measured_s >= rule.min_time_s
+              and self.confidence_met):
+            self.stop_reason = "confidence"
+
+    def run_for(self, seconds: float) -> None:
+        """Measure passes for up to `seconds` (used alone, or in interleaved rounds)."""
+        start = last = time.perf_counter()
+        while not self.done:
+            self.samples_ns.append(self._pass())
+            now = time.perf_counter()
+            round_over = now - start >= seconds
+            # Checking the CI costs a few ms: do it at most ~10 times a second.
+            if round_over or now - last >= 0.1 or self.rule.num_runs is not None:
+                self.measured_s += now - last
+                last = now
+                self._check_stop()
+            if round_over:
+                break
+
+
+def measure(measurements: list[Measurement], round_s: float = 1.0, on_error=None) -> None:
+    """Measure several pass functions in interleaved rounds (A B C A B C ...) so drift hits all alike.
+
+    A single measurement simply runs to its end. A pass that raises ends that measurement only:
+    `on_error(measurement, exc)` is told, the others go on.
+    """
+    def guarded(m: Measurement, step) -> None:
+        try:
+            step()
+        except Exception as exc:
+            m.stop_reason = "error"
+            if on_error is None:
+                raise
+            on_error(m, exc)
+
+    for m in measurements:
+        if m.first_pass_ms is None:
+            guarded(m, m.warm_up)
+    if len(measurements) == 1:
+        m = measurements[0]
+        if not m.done:
+            guarded(m, lambda: m.run_for(float("inf")))
+        return
+    while not all(m.done for m in measurements):
+        for m in measurements:
+            if not m.done:
+                guarded(m, lambda: m.run_for(round_s))

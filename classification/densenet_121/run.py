@@ -1,0 +1,5 @@
+"""Benchmark densenet_121 (image-classification). Try: python3 run.py --help"""
+
+from aio_examples.cli import run_model
+
+raise SystemExit(run_model("densenet_121"))

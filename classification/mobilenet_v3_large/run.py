@@ -1,0 +1,5 @@
+"""Benchmark mobilenet_v3_large (image-classification). Try: python3 run.py --help"""
+
+from aio_examples.cli import run_model
+
+raise SystemExit(run_model("mobilenet_v3_large"))

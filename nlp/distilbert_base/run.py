@@ -1,0 +1,5 @@
+"""Benchmark distilbert_base (text-classification). Try: python3 run.py --help"""
+
+from aio_examples.cli import run_model
+
+raise SystemExit(run_model("distilbert_base"))

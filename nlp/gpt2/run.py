@@ -1,0 +1,5 @@
+"""Benchmark gpt2 (text-generation). Try: python3 run.py --help"""
+
+from aio_examples.cli import run_model
+
+raise SystemExit(run_model("gpt2"))
