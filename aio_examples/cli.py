@@ -197,7 +197,7 @@ def _guard(fn) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; records already written are kept", file=sys.stderr)
         return 130
-    except Exception as exc:  # a bug: still one line unless the user asked for details
+    except Exception as exc:  # noqa: BLE001  (a bug: still one line unless the user asks for details)
         if mode >= 3:
             traceback.print_exc()
         print(f"{PROG}: internal error: {type(exc).__name__}: {exc} (AIO_DEBUG_MODE=3 shows the traceback)",

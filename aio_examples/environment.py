@@ -39,11 +39,14 @@ def _version(pkg: str) -> str | None:
         return None
 
 
-def git_commit(path: Path = Path(__file__).resolve().parent.parent) -> str | None:
+_PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def git_commit(path: Path = _PROJECT_ROOT) -> str | None:
     """Commit of the harness checkout (None outside a git checkout)."""
     try:
         out = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=5)
+                             timeout=5, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None

@@ -14,7 +14,7 @@ from .compat.torchvision_shim import torchvision_status
 from .environment import capture
 from .errors import UnsupportedError, UsageError
 from .log import logger
-from .models import ModelSpec, file_sha256, get_model
+from .models import ModelSpec, file_sha256
 from .threads import ThreadChoice, apply_threads
 from .timing import Measurement, StopRule, measure
 
@@ -120,7 +120,7 @@ def run(req: RunRequest, out_dir: Path | None = None, run_id: str | None = None,
         try:
             with torch.no_grad():
                 prepared = backend.prepare(copy.deepcopy(module), inputs, precision, req.threads.threads)
-        except Exception as exc:  # a backend that cannot take this model is a result, not a crash
+        except Exception as exc:  # noqa: BLE001  (a backend that cannot take a model is a result, not a crash)
             result.status, result.reason = _classify(exc)
             logger.debug("preparing %s failed", backend_name, exc_info=True)
             continue

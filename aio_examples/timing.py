@@ -4,6 +4,7 @@ Only the pass itself is timed (inputs are made before), with `time.perf_counter_
 every output is touched inside the timed region so nothing lazy escapes the clock.
 """
 
+import functools
 import time
 from dataclasses import dataclass, field
 
@@ -49,9 +50,7 @@ def consume(out) -> None:
             consume(v)
     elif hasattr(out, "to_tuple"):          # Hugging Face ModelOutput
         consume(out.to_tuple())
-    elif hasattr(out, "numel") and out.numel():
-        out.reshape(-1)[0].item()
-    elif isinstance(out, np.ndarray) and out.size:
+    elif hasattr(out, "numel") and out.numel() or isinstance(out, np.ndarray) and out.size:
         out.reshape(-1)[0].item()
 
 
@@ -155,12 +154,8 @@ def measure(measurements: list[Measurement], round_s: float = 1.0, on_error=None
     for m in measurements:
         if m.first_pass_ms is None:
             guarded(m, m.warm_up)
-    if len(measurements) == 1:
-        m = measurements[0]
-        if not m.done:
-            guarded(m, lambda: m.run_for(float("inf")))
-        return
+    seconds = float("inf") if len(measurements) == 1 else round_s
     while not all(m.done for m in measurements):
         for m in measurements:
             if not m.done:
-                guarded(m, lambda: m.run_for(round_s))
+                guarded(m, functools.partial(m.run_for, seconds))

@@ -19,7 +19,7 @@ class Topology:
     @property
     def physical_cores(self) -> int:
         """Distinct physical cores among allowed CPUs, capped by the cgroup quota."""
-        cores = len(set(self.core_of[c] for c in self.allowed_cpus)) or len(self.allowed_cpus)
+        cores = len({self.core_of[c] for c in self.allowed_cpus}) or len(self.allowed_cpus)
         if self.cgroup_cpu_limit is not None:
             cores = min(cores, max(1, math.floor(self.cgroup_cpu_limit)))
         return max(1, cores)

@@ -1,7 +1,8 @@
 """What every backend provides: a name, whether it can run here, and `prepare`."""
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 
 @dataclass
