@@ -1,0 +1,24 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+    """Keep caches the harness writes (FLOPs, stand-in libraries) out of the user's home."""
+    monkeypatch.setenv("AIO_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "aio-cache"))
+    for var in ("AIO_NUM_THREADS", "OMP_NUM_THREADS", "AIO_DEBUG_MODE"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def run_cli(args, cwd=ROOT, env=None, timeout=600):
+    """Run a real command (a run.py or `python -m aio_examples`) and capture it."""
+    full_env = {k: v for k, v in os.environ.items() if k not in ("AIO_NUM_THREADS", "OMP_NUM_THREADS")}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=full_env, capture_output=True, text=True,
+                          timeout=timeout, check=False)

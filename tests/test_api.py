@@ -1,0 +1,76 @@
+"""The Python API that notebooks use."""
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+from aio_examples import benchmark
+from aio_examples.errors import UsageError
+
+
+class TinyNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def test_benchmark_a_users_module(tmp_path):
+    net = TinyNet().eval()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    r = benchmark(net, example_inputs=(torch.randn(4, 32),), threads=1, num_runs=20, output=tmp_path)
+    assert r.status == "ok" and r.model == "TinyNet" and r.task == "custom"
+    assert r.batch_size == 4 and r.input_shape["input0"] == [4, 32]
+    assert r.latency_ms["n"] == 20
+    assert r.throughput["unit"] == "samples/s"
+    assert r.weights == "user-module"
+    d = r.to_dict()
+    assert json.loads(json.dumps(d))["model"] == "TinyNet"
+    row = r.to_series()
+    assert row["latency_ms.median"] == pytest.approx(r.median_ms)
+    assert isinstance(r.to_frame(), pd.DataFrame)
+    assert pd.read_json(tmp_path / "results.jsonl", lines=True)["model"].tolist() == ["TinyNet"]
+    # the user's module is not changed by being benchmarked
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
+
+
+def test_benchmark_a_zoo_model_in_bf16():
+    r = benchmark("resnet_18", precision="bf16", backend="eager", input_size=64, threads=1, num_runs=3)
+    assert r.status == "ok" and r.precision == "bf16" and r.precision_mode == "cast"
+    assert r.threads == 1 and r.binding["threads_in_effect"] == 1
+
+
+def test_a_backend_that_cannot_take_the_model_is_a_result_not_a_crash():
+    class Dynamic(nn.Module):
+        def forward(self, x):
+            return x * 2 if x.sum() > 0 else x   # data-dependent: tracing works but ...
+    class Untraceable(nn.Module):
+        def forward(self, x):
+            return {"a": [x, object()]}          # ... this output cannot be traced at all
+    r = benchmark(Untraceable(), example_inputs=(torch.ones(2, 2),), backend="torchscript", threads=1, num_runs=2)
+    assert r.status in ("failed", "unsupported") and r.reason
+
+
+def test_gpt2_generation_reports_tokens_and_time_to_first_token():
+    r = benchmark("gpt2", seq_len=8, new_tokens=4, threads=1, num_runs=3)
+    assert r.status == "ok"
+    assert r.throughput["unit"] == "tokens/s"
+    assert r.metrics["ttft_ms"]["n"] == 3
+    assert 0 < r.metrics["ttft_ms"]["median"] < r.latency_ms["median"]
+
+
+def test_gpt2_on_torchscript_is_unsupported_with_a_reason():
+    r = benchmark("gpt2", backend="torchscript", seq_len=8, new_tokens=2, threads=1, num_runs=1)
+    assert r.status == "unsupported" and "KV cache" in r.reason
+
+
+def test_api_validates_like_the_cli():
+    with pytest.raises(UsageError, match="batch size 0"):
+        benchmark("resnet_18", batch_size=0, threads=1)
+    with pytest.raises(UsageError, match="precision 'int4'"):
+        benchmark("resnet_18", precision="int4", threads=1)

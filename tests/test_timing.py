@@ -1,0 +1,134 @@
+"""Timing logic on a fake clock: each pass advances it by a chosen duration, so nothing here is timed."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from aio_examples import timing
+from aio_examples.errors import UsageError
+from aio_examples.timing import Measurement, StopRule, consume, measure
+
+
+class FakeClock:
+    def __init__(self):
+        self.ns = 0
+
+    def perf_counter_ns(self):
+        return self.ns
+
+    def perf_counter(self):
+        return self.ns / 1e9
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = FakeClock()
+    monkeypatch.setattr(timing, "time", c)
+    return c
+
+
+def passes(clock, durations_ms, log=None, name=None):
+    it = iter(durations_ms)
+
+    def fn():
+        clock.ns += int(next(it) * 1e6)
+        if log is not None:
+            log.append(name)
+    return fn
+
+
+def test_warm_up_runs_until_stable_and_records_first_pass(clock):
+    m = Measurement(passes(clock, [500, 200, 120, 100, 101, 99] + [100] * 10_000), StopRule())
+    m.warm_up()
+    assert m.first_pass_ms == pytest.approx(500)
+    assert m.warmup_passes == 6          # 100, 101, 99 are the first three passes within 10%
+    assert m.samples_ns == []
+
+
+def test_warm_up_has_a_minimum_of_two_passes(clock):
+    m = Measurement(passes(clock, [100] * 100), StopRule(warmup_window=1))
+    m.warm_up()
+    assert m.warmup_passes == 2
+
+
+def test_warm_up_is_bounded_by_a_share_of_the_timeout(clock):
+    noisy = itertools.cycle([100, 200])       # never stable
+    m = Measurement(passes(clock, noisy), StopRule(timeout_s=4, warmup_share=0.25))
+    m.warm_up()
+    assert 1.0 <= m.warmup_s < 1.3
+
+
+def test_stops_at_confidence_target_after_minimum_count_and_time(clock):
+    rng = np.random.default_rng(0)
+    m = Measurement(passes(clock, rng.normal(50, 0.5, 100_000)), StopRule())
+    measure([m])
+    assert m.stop_reason == "confidence"
+    assert m.confidence_met
+    assert len(m.samples_ns) >= 10 and m.measured_s >= 2.0
+    assert m.measured_s < 5
+
+
+def test_noisy_pass_stops_at_timeout_without_confidence(clock):
+    rng = np.random.default_rng(0)
+    m = Measurement(passes(clock, rng.uniform(10, 100, 100_000)), StopRule(timeout_s=3))
+    measure([m])
+    assert m.stop_reason == "timeout"
+    assert not m.confidence_met
+    assert 3.0 <= m.measured_s < 3.2
+
+
+def test_num_runs_is_exact(clock):
+    m = Measurement(passes(clock, [10] * 1000), StopRule(num_runs=7))
+    measure([m])
+    assert len(m.samples_ns) == 7 and m.stop_reason == "num_runs"
+
+
+def test_a_pass_longer_than_the_timeout_still_gives_one_sample(clock):
+    m = Measurement(passes(clock, [5000] * 10), StopRule(timeout_s=1))
+    measure([m])
+    assert len(m.samples_ns) == 1 and m.stop_reason == "timeout"
+
+
+def test_interleaved_rounds_alternate_between_measurements(clock):
+    log = []
+    a = Measurement(passes(clock, [100] * 10_000, log, "a"), StopRule(num_runs=30))
+    b = Measurement(passes(clock, [100] * 10_000, log, "b"), StopRule(num_runs=30))
+    measure([a, b], round_s=0.5)
+    measured = log[-60:]
+    switches = sum(1 for x, y in zip(measured, measured[1:]) if x != y)
+    assert switches >= 5                     # rounds of ~5 passes each: a.. b.. a.. b..
+    assert len(a.samples_ns) == len(b.samples_ns) == 30
+
+
+def test_a_failing_pass_ends_only_its_own_measurement(clock):
+    def broken():
+        raise RuntimeError("boom")
+    seen = []
+    good = Measurement(passes(clock, [10] * 1000), StopRule(num_runs=5))
+    bad = Measurement(broken, StopRule(num_runs=5))
+    measure([bad, good], on_error=lambda m, exc: seen.append((m, str(exc))))
+    assert seen == [(bad, "boom")]
+    assert len(good.samples_ns) == 5
+
+
+def test_consume_reads_nested_outputs():
+    touched = []
+
+    class T:
+        def numel(self):
+            return 1
+
+        def reshape(self, *_):
+            return [self]
+
+        def item(self):
+            touched.append(self)
+    consume({"a": [T(), (T(), None)], "b": T()})
+    assert len(touched) == 3
+
+
+@pytest.mark.parametrize("kwargs", [{"timeout_s": 0}, {"num_runs": 0}, {"ci_target": 0}])
+def test_invalid_stop_rules_are_usage_errors(kwargs):
+    with pytest.raises(UsageError):
+        StopRule(**kwargs)

@@ -1,0 +1,58 @@
+"""Every zoo model builds and runs one eager pass at a small input."""
+
+import pytest
+import torch
+
+from aio_examples.backends import Prepared
+from aio_examples.models import ZOO
+from aio_examples.timing import consume
+
+SMALL = {"image-classification": {"input_size": 64}, "object-detection": {"input_size": 128}}
+SMALL_SIZES = {"inception_v3": {"input_size": 80}, "vit_b_16": {"input_size": 224}}
+REQUIRED = {"resnet_50_v1", "resnet_18", "mobilenet_v2", "mobilenet_v3_large", "densenet_121", "vgg_16",
+            "inception_v3", "squeezenet", "efficientnet_b0", "vit_b_16", "ssdlite320_mobilenet_v3",
+            "fasterrcnn_mobilenet_v3_fpn", "retinanet_resnet50_fpn", "bert_base", "distilbert_base",
+            "roberta_base", "gpt2"}
+FOLDERS = {"image-classification": "classification", "object-detection": "object_detection"}
+
+
+def test_the_zoo_has_every_required_model_with_a_run_py():
+    from conftest import ROOT
+
+    assert REQUIRED <= set(ZOO)
+    for name, spec in ZOO.items():
+        run_py = ROOT / FOLDERS.get(spec.task, "nlp") / name / "run.py"
+        assert run_py.is_file(), run_py
+        assert f'run_model("{name}")' in run_py.read_text()
+    assert ZOO["inception_v3"].default_shape == {"input_size": 299}
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_model_builds_and_runs_one_eager_pass(name):
+    spec = ZOO[name]
+    overrides = SMALL_SIZES.get(name) or SMALL.get(spec.task) or (
+        {"seq_len": 8, "new_tokens": 2} if spec.task == "text-generation" else {"seq_len": 16})
+    shape = spec.shape(**overrides)
+    module = spec.build(shape=shape)
+    assert not module.training
+    inputs = spec.example_inputs(2, shape, module)
+    with torch.no_grad():
+        out = spec.make_pass(Prepared(module, inputs, "native"), shape)()
+    consume(out)
+    if spec.task == "image-classification":
+        assert out.shape == (2, 1000)
+    elif spec.task == "object-detection":
+        assert len(out) == 2 and {"boxes", "scores", "labels"} <= set(out[0])
+    elif spec.task == "question-answering":
+        assert [t.shape for t in out] == [(2, 16), (2, 16)]
+    elif spec.task == "text-generation":
+        assert out.shape == (2, 2)
+    else:
+        assert out[0].shape[0] == 2
+    assert spec.task_size(2, shape) == (4 if spec.task == "text-generation" else 2)
+
+
+def test_random_weights_are_the_same_in_every_build():
+    spec = ZOO["resnet_18"]
+    a, b = spec.build(), spec.build()
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
