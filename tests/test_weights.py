@@ -68,10 +68,8 @@ def make_hf_bert_dir(path):
     tf = _transformers()
     words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(set(
         "which settings decide how fast a model runs on cpu ? the number of threads".split()))
-    vocab = path / "vocab.txt"
     path.mkdir()
-    vocab.write_text("\n".join(words) + "\n")
-    tokenizer = tf.BertTokenizerFast(vocab_file=str(vocab))
+    tokenizer = tf.BertTokenizerFast(vocab={word: i for i, word in enumerate(words)})
     torch.manual_seed(7)
     config = tf.BertConfig(vocab_size=len(words), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                            intermediate_size=64, max_position_embeddings=128)

@@ -1,6 +1,7 @@
 """What a zoo entry is: how to build the model, make its inputs and count its work."""
 
 import hashlib
+import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,7 +90,7 @@ def load_state_dict_file(module, path: str) -> None:
         state = torch.load(file, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise UsageError(f"--weights {path!r} does not exist; accepted: a readable PyTorch state-dict file") from None
-    except (OSError, RuntimeError, ValueError, EOFError) as exc:
+    except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as exc:
         raise UsageError(f"--weights {path!r} is not a readable PyTorch state-dict file ({exc.__class__.__name__})") from None
     for key in ("state_dict", "model"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):
