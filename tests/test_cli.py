@@ -5,7 +5,6 @@ import os
 
 import pandas as pd
 import pytest
-
 from conftest import ROOT, run_cli
 
 RESNET18 = ROOT / "classification" / "resnet_18"

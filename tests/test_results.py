@@ -8,8 +8,8 @@ from aio_examples.errors import UsageError
 
 
 def record(**kw):
-    base = dict(model="m", task="custom", backend="eager", precision="fp32", batch_size=1, threads=1,
-                input_shape={"batch_size": 1}, latency_ms={"median": 2.0}, samples_ms=[1.0, 2.0, 3.0])
+    base = {"model": "m", "task": "custom", "backend": "eager", "precision": "fp32", "batch_size": 1, "threads": 1,
+                "input_shape": {"batch_size": 1}, "latency_ms": {"median": 2.0}, "samples_ms": [1.0, 2.0, 3.0]}
     base.update(kw)
     return res.Result(**base)
 

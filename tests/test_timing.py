@@ -96,7 +96,7 @@ def test_interleaved_rounds_alternate_between_measurements(clock):
     b = Measurement(passes(clock, [100] * 10_000, log, "b"), StopRule(num_runs=30))
     measure([a, b], round_s=0.5)
     measured = log[-60:]
-    switches = sum(1 for x, y in zip(measured, measured[1:]) if x != y)
+    switches = sum(1 for x, y in itertools.pairwise(measured) if x != y)
     assert switches >= 5                     # rounds of ~5 passes each: a.. b.. a.. b..
     assert len(a.samples_ns) == len(b.samples_ns) == 30
 

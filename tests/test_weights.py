@@ -2,10 +2,10 @@
 
 import pytest
 import torch
+from conftest import ROOT, run_cli
 
 from aio_examples.errors import UsageError
 from aio_examples.models import get_model
-from conftest import ROOT, run_cli
 
 
 def _other_resnet18():
@@ -66,8 +66,7 @@ def make_hf_bert_dir(path):
     from aio_examples.models.nlp import _transformers
 
     tf = _transformers()
-    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted(set(
-        "which settings decide how fast a model runs on cpu ? the number of threads".split()))
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted({"which", "settings", "decide", "how", "fast", "a", "model", "runs", "on", "cpu", "?", "the", "number", "of", "threads"})
     path.mkdir()
     tokenizer = tf.BertTokenizerFast(vocab={word: i for i, word in enumerate(words)})
     torch.manual_seed(7)

@@ -13,6 +13,7 @@ class Prepared:
     inputs: tuple
     precision_mode: str
     info: dict = field(default_factory=dict)    # recorded in the result as backend_info
+    compiles_on_first_call: bool = False        # then the runner makes one pass part of preparation
 
 
 class Backend:

@@ -1,11 +1,8 @@
 """torch.compile with inductor, freezing on, threads fixed at compile time."""
 
-import time
-
 import torch
 
 from .. import precision as prec
-from ..log import logger
 from .base import Backend, Prepared
 
 
@@ -21,10 +18,5 @@ class InductorBackend(Backend):
         inductor_config.cpp.threads = threads
         inductor_config.freezing = True
         compiled = torch.compile(model, backend="inductor")
-        start = time.perf_counter()
-        with torch.no_grad():
-            compiled(*inputs)          # compiles now, so preparation time includes it
-        compile_s = time.perf_counter() - start
-        logger.debug("inductor compiled %s in %.1f s", type(model).__name__, compile_s)
-        return Prepared(compiled, inputs, mode, {"freezing": True, "cpp_threads": threads,
-                                                 "compile_call_s": round(compile_s, 3)})
+        return Prepared(compiled, inputs, mode, {"freezing": True, "cpp_threads": threads},
+                        compiles_on_first_call=True)

@@ -89,16 +89,24 @@ class Encoder(ModelSpec):
 
 
 class CausalLMStep(nn.Module):
-    """One decoding step with a KV cache: what a backend prepares for generation."""
+    """One decoding step over a static KV cache: what a backend prepares for generation.
+
+    A static cache keeps every step's shapes fixed (prompt length for prefill, 1 after), so a
+    compiler builds two graphs once instead of one per sequence length.
+    """
 
     def __init__(self, model: nn.Module, tokenizer=None):
         super().__init__()
         self.model = model
         self.tokenizer = tokenizer
 
-    def forward(self, input_ids: torch.Tensor, past_key_values=None):
-        out = self.model(input_ids=input_ids, past_key_values=past_key_values, use_cache=True)
-        return out.logits[:, -1], out.past_key_values
+    def new_cache(self, max_len: int):
+        return _transformers().StaticCache(config=self.model.config, max_cache_len=max_len)
+
+    def forward(self, input_ids: torch.Tensor, past_key_values=None, cache_position=None):
+        out = self.model(input_ids=input_ids, past_key_values=past_key_values, cache_position=cache_position,
+                         use_cache=True)
+        return out.logits[:, -1]
 
 
 class GreedyGeneration:
@@ -106,16 +114,18 @@ class GreedyGeneration:
 
     def __init__(self, step, prompt: torch.Tensor, new_tokens: int):
         self.step, self.prompt, self.new_tokens = step, prompt, new_tokens
+        self.prompt_positions = torch.arange(prompt.shape[1])
         self.pass_metrics: dict = {}
 
     def __call__(self):
         start = time.perf_counter_ns()
-        logits, past = self.step(self.prompt)
-        tokens = [logits.argmax(-1)]
+        prompt_len = self.prompt.shape[1]
+        cache = self.step.new_cache(prompt_len + self.new_tokens)
+        tokens = [self.step(self.prompt, cache, self.prompt_positions).argmax(-1)]
         self.pass_metrics = {"ttft": time.perf_counter_ns() - start}
-        for _ in range(self.new_tokens - 1):
-            logits, past = self.step(tokens[-1][:, None], past)
-            tokens.append(logits.argmax(-1))
+        for i in range(self.new_tokens - 1):
+            position = torch.tensor([prompt_len + i])
+            tokens.append(self.step(tokens[-1][:, None], cache, position).argmax(-1))
         return torch.stack(tokens, 1)
 
 
