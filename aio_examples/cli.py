@@ -46,6 +46,7 @@ def _positive_float(flag):
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of a measurement, shared by `aio-examples run` and every run.py."""
+    from .backends import BACKENDS, DEFAULT_BACKEND
     from .precision import PRECISIONS
 
     p.add_argument("-p", "--precision", default="fp32", help=f"one of {', '.join(PRECISIONS)} (default fp32)")
@@ -53,7 +54,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-t", "--threads", default=None,
                    help="threads (default: AIO_NUM_THREADS, else OMP_NUM_THREADS, else physical cores)")
     p.add_argument("--backend", default=None,
-                   help="a backend, a comma list, or 'all' (default: the optimized backend)")
+                   help=f"one of {', '.join(BACKENDS)}, a comma list, or 'all' (default: {DEFAULT_BACKEND})")
     p.add_argument("--timeout", type=_positive_float("--timeout"), default=60.0,
                    help="seconds of measurement per configuration (default 60)")
     p.add_argument("--num-runs", type=_positive_int("--num-runs"), default=None,

@@ -2,6 +2,7 @@
 
 import logging
 import os
+import warnings
 
 from .errors import UsageError
 
@@ -31,4 +32,8 @@ def configure(mode: int | None = None) -> int:
     logger.propagate = False
     if mode >= 4:
         logging.getLogger("torch").setLevel(logging.DEBUG)
+    if mode < 3:
+        # Libraries warn about tracing and config details the user did not choose; show them from 3 on.
+        warnings.simplefilter("ignore")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     return mode

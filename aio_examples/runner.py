@@ -137,14 +137,23 @@ def run(req: RunRequest, out_dir: Path | None = None, run_id: str | None = None,
     if active:
         logger.info("measuring %s", ", ".join(f"{c.backend}/{c.precision}" for c in active)
                     + (" in interleaved rounds so drift affects all alike" if len(active) > 1 else ""))
-    with torch.no_grad():
-        measure([c.measurement for c in active], on_error=_fail_measurement)
+    interrupted = False
+    try:
+        with torch.no_grad():
+            measure([c.measurement for c in active], on_error=_fail_measurement)
+    except KeyboardInterrupt:
+        interrupted = True     # keep what was measured: write it, then stop
+        for cand in active:
+            if not cand.measurement.done:
+                cand.measurement.stop_reason = "interrupted"
     for cand in active:
         _fill(cand, req)
     _speedups(candidates)
     if out_dir is not None:
         for cand in candidates:
             res.append(out_dir, cand.result)
+    if interrupted:
+        raise KeyboardInterrupt
     return [c.result for c in candidates]
 
 
@@ -154,8 +163,11 @@ def _fail_measurement(measurement: Measurement, exc: BaseException) -> None:
 
 def _fill(cand: _Candidate, req: RunRequest) -> None:
     m, r = cand.measurement, cand.result
-    if getattr(m, "error", None):
+    if m.error:
         r.status, r.reason = m.error
+        return
+    if not m.samples_ns:
+        r.status, r.reason = "failed", f"stopped ({m.stop_reason}) before any pass was measured"
         return
     summary = m.summary()
     r.latency_ms = summary.to_dict()

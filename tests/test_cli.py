@@ -131,9 +131,36 @@ def test_list_counts_flops_once_and_caches_them(tmp_path):
     assert (cache / "flops.json").is_file()
 
 
-def test_console_script_is_installed():
-    import shutil
+def test_console_script_is_installed_and_runs():
+    import subprocess
+    import sys
+    from pathlib import Path
 
-    exe = shutil.which("aio-examples")
-    assert exe is not None
-    assert os.access(exe, os.X_OK)
+    exe = Path(sys.executable).parent / "aio-examples"
+    assert exe.is_file() and os.access(exe, os.X_OK)
+    proc = subprocess.run([str(exe), "list", "--no-flops"], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0 and "resnet_50_v1" in proc.stdout
+
+
+def test_ctrl_c_keeps_what_was_measured(tmp_path):
+    """SIGINT during measurement: the records so far are written, the exit code says interrupted."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "res"
+    proc = subprocess.Popen([sys.executable, "run.py", "--backend", "eager", "--output", str(out),
+                             "--input-size", "64", "--timeout", "300", "-t", "1"],
+                            cwd=RESNET18, stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:                 # wait until measuring has begun
+        if "measuring" in line:
+            break
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=60) == 130
+    assert "records already written are kept" in rest
+    record = json.loads((out / "results.jsonl").read_text())
+    assert record["status"] == "ok" and record["stop_reason"] == "interrupted"
+    assert record["latency_ms"]["n"] == len(record["samples_ms"]) > 0

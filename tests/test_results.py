@@ -37,3 +37,21 @@ def test_unknown_status_is_refused():
 def test_table_shows_reasons():
     text = res.format_table([record(), record(backend="x", status="unsupported", reason="no bf16 kernel")])
     assert "eager" in text and "x/fp32: unsupported: no bf16 kernel" in text
+
+
+def test_debug_mode_levels():
+    import logging
+
+    from aio_examples.log import configure, debug_mode, logger
+
+    assert debug_mode({}) == 2
+    assert debug_mode({"AIO_DEBUG_MODE": "4"}) == 4
+    with pytest.raises(UsageError, match="AIO_DEBUG_MODE='x'"):
+        debug_mode({"AIO_DEBUG_MODE": "x"})
+    configure(1)
+    assert not logger.isEnabledFor(logging.WARNING) and logger.isEnabledFor(logging.ERROR)
+    configure(3)
+    assert logger.isEnabledFor(logging.DEBUG)
+    configure(0)
+    assert not logger.isEnabledFor(logging.CRITICAL)
+    configure(2)

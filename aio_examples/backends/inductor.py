@@ -1,7 +1,5 @@
 """torch.compile with inductor, freezing on, threads fixed at compile time."""
 
-import torch
-
 from .. import precision as prec
 from .base import Backend, Prepared
 
@@ -11,6 +9,7 @@ class InductorBackend(Backend):
     description = "torch.compile(backend='inductor') with freezing"
 
     def prepare(self, model, example_inputs, precision, threads):
+        import torch
         import torch._inductor.config as inductor_config
 
         model, inputs, mode = prec.cast(model, example_inputs, precision)

@@ -1,7 +1,5 @@
 """TorchScript: trace (or script, where the model needs it), freeze, optimize for inference."""
 
-import torch
-
 from .. import precision as prec
 from .base import Backend, Prepared
 
@@ -11,6 +9,8 @@ class TorchScriptBackend(Backend):
     description = "torch.jit trace/script + freeze + optimize_for_inference"
 
     def prepare(self, model, example_inputs, precision, threads):
+        import torch
+
         model, inputs, mode = prec.cast(model, example_inputs, precision)
         how = getattr(model, "jit_mode", "trace")
         with torch.no_grad():
