@@ -151,7 +151,7 @@ def test_ctrl_c_keeps_what_was_measured(tmp_path):
 
     out = tmp_path / "res"
     proc = subprocess.Popen([sys.executable, "run.py", "--backend", "eager", "--output", str(out),
-                             "--input-size", "64", "--timeout", "300", "-t", "1"],
+                             "--input-size", "64", "--timeout", "300", "--num-runs", "1000000", "-t", "1"],
                             cwd=RESNET18, stderr=subprocess.PIPE, text=True)
     for line in proc.stderr:                 # wait until measuring has begun
         if "measuring" in line:
