@@ -20,26 +20,15 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def _positive_int(flag):
+def _positive(flag, kind=int, accepted="a whole number >= 1"):
+    """An argparse type: a number > 0 of `kind`, else a one-line usage error naming `flag`."""
     def parse(text):
         try:
-            value = int(text)
+            value = kind(text)
         except ValueError:
             value = 0
-        if value < 1:
-            raise UsageError(f"{flag} {text!r} is invalid; accepted: a whole number >= 1")
-        return value
-    return parse
-
-
-def _positive_float(flag):
-    def parse(text):
-        try:
-            value = float(text)
-        except ValueError:
-            value = 0.0
         if not value > 0:
-            raise UsageError(f"{flag} {text!r} is invalid; accepted: a number of seconds > 0")
+            raise UsageError(f"{flag} {text!r} is invalid; accepted: {accepted}")
         return value
     return parse
 
@@ -50,19 +39,19 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     from .precision import PRECISIONS
 
     p.add_argument("-p", "--precision", default="fp32", help=f"one of {', '.join(PRECISIONS)} (default fp32)")
-    p.add_argument("-b", "--batch-size", type=_positive_int("-b/--batch-size"), default=1)
+    p.add_argument("-b", "--batch-size", type=_positive("-b/--batch-size"), default=1)
     p.add_argument("-t", "--threads", default=None,
                    help="threads (default: AIO_NUM_THREADS, else OMP_NUM_THREADS, else physical cores)")
     p.add_argument("--backend", default=None,
                    help=f"one of {', '.join(BACKENDS)}, a comma list, or 'all' (default: {DEFAULT_BACKEND})")
-    p.add_argument("--timeout", type=_positive_float("--timeout"), default=60.0,
+    p.add_argument("--timeout", type=_positive("--timeout", float, "a number of seconds > 0"), default=60.0,
                    help="seconds of measurement per configuration (default 60)")
-    p.add_argument("--num-runs", type=_positive_int("--num-runs"), default=None,
+    p.add_argument("--num-runs", type=_positive("--num-runs"), default=None,
                    help="measure exactly this many passes instead of stopping at the confidence target")
     p.add_argument("--output", default="results", help="folder for results.jsonl (default ./results)")
-    p.add_argument("--input-size", type=_positive_int("--input-size"), default=None, help="image side (vision)")
-    p.add_argument("--seq-len", type=_positive_int("--seq-len"), default=None, help="sequence length (NLP)")
-    p.add_argument("--new-tokens", type=_positive_int("--new-tokens"), default=None,
+    p.add_argument("--input-size", type=_positive("--input-size"), default=None, help="image side (vision)")
+    p.add_argument("--seq-len", type=_positive("--seq-len"), default=None, help="sequence length (NLP)")
+    p.add_argument("--new-tokens", type=_positive("--new-tokens"), default=None,
                    help="tokens to generate (text generation)")
     p.add_argument("--weights", default=None, help="a local torchvision/PyTorch state-dict file")
     p.add_argument("--model-dir", default=None, help="a local Hugging Face model folder (with tokenizer)")
