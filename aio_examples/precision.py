@@ -1,8 +1,9 @@
 """Precisions: names users pass, and casting models and inputs to them."""
 
-from .errors import UsageError
+from .errors import UnsupportedError, UsageError
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "bf16", "fp16", "int8")
+FLOAT_PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 def validate(name: str) -> str:
@@ -14,7 +15,10 @@ def validate(name: str) -> str:
 def dtype(name: str):
     import torch
 
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[validate(name)]
+    validate(name)
+    if name not in FLOAT_PRECISIONS:
+        raise UnsupportedError(f"{name} is not a floating-point type; it needs quantization, not a cast")
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
 
 
 def cast_tree(obj, to):

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from . import precision as prec
 from . import results as res
-from .backends import BACKENDS, get_backend
+from .artifacts import weights_digest
+from .backends import BACKENDS, PrepareContext, get_backend
 from .compat.torchvision_shim import torchvision_status
 from .environment import capture
 from .errors import UnsupportedError, UsageError
@@ -89,6 +90,10 @@ def run(req: RunRequest, out_dir: Path | None = None, run_id: str | None = None,
     module.eval()
     inputs = req.example_inputs or req.spec.example_inputs(req.batch_size, req.shape, module)
     weights, weights_path = _weights_label(req)
+    ctx = PrepareContext(
+        model_name=req.spec.name, task=req.spec.task, family=req.spec.family, shape=dict(req.shape),
+        batch_size=req.batch_size, weights_id=weights_digest(module),
+        calibration=lambda n: req.spec.calibration_inputs(req.batch_size, req.shape, module, n))
     env = capture({**torchvision_status()})
     binding = {"threads_in_effect": threads_in_effect, "threads_requested": req.threads.threads,
                "threads_source": req.threads.source, "interop_threads": torch.get_num_interop_threads(),
@@ -119,7 +124,7 @@ def run(req: RunRequest, out_dir: Path | None = None, run_id: str | None = None,
         start = time.perf_counter()
         try:
             with torch.no_grad():
-                prepared = backend.prepare(copy.deepcopy(module), inputs, precision, req.threads.threads)
+                prepared = backend.prepare(copy.deepcopy(module), inputs, precision, req.threads.threads, ctx)
                 one_pass = req.spec.make_pass(prepared, req.shape)
                 if prepared.compiles_on_first_call:
                     one_pass()      # compilation happens here, so it counts as preparation

@@ -1,7 +1,7 @@
 """Backend registry: one line per backend, each in its own module."""
 
 from ..errors import UsageError
-from .base import Backend, Prepared
+from .base import Backend, PrepareContext, Prepared
 from .eager import EagerBackend
 from .inductor import InductorBackend
 from .torchscript import TorchScriptBackend
@@ -26,4 +26,4 @@ def available_backends() -> list[str]:
     return [name for name, b in BACKENDS.items() if b.unavailable_reason() is None]
 
 
-__all__ = ["BACKENDS", "DEFAULT_BACKEND", "Backend", "Prepared", "available_backends", "get_backend"]
+__all__ = ["BACKENDS", "DEFAULT_BACKEND", "Backend", "PrepareContext", "Prepared", "available_backends", "get_backend"]

@@ -7,13 +7,35 @@ from typing import Any
 
 @dataclass
 class Prepared:
-    """A model made ready by a backend: call `fn(*inputs)` for one pass."""
+    """A model made ready by a backend: call `fn(*inputs)` for one pass.
+
+    `inputs` are in the backend's own form (torch tensors, numpy arrays...), made once outside
+    the timed region. `fn` may return torch tensors or numpy arrays, nested in tuples/lists/dicts
+    in the same order as the eager model's outputs: output checks compare them to eager fp32.
+    """
 
     fn: Callable[..., Any]
     inputs: tuple
-    precision_mode: str
+    precision_mode: str                         # what actually executed, e.g. "cast", "autocast", "int8-dynamic"
     info: dict = field(default_factory=dict)    # recorded in the result as backend_info
     compiles_on_first_call: bool = False        # then the runner makes one pass part of preparation
+
+
+@dataclass(frozen=True)
+class PrepareContext:
+    """What a backend may need to know about the model beyond the module and its inputs."""
+
+    model_name: str
+    task: str
+    family: str                 # "vision" (conv nets, ViT) or "nlp"
+    shape: dict                 # the model's shape settings, e.g. {"input_size": 224}
+    batch_size: int
+    weights_id: str             # digest of the weights: part of every cache key
+    calibration: Callable[[int], list] | None = None   # n -> n input tuples for int8 calibration
+
+    def calibration_inputs(self, example_inputs: tuple, n: int = 8) -> list[tuple]:
+        """Input tuples for static int8 calibration (the example inputs when nothing better is known)."""
+        return self.calibration(n) if self.calibration else [example_inputs] * n
 
 
 class Backend:
@@ -30,6 +52,9 @@ class Backend:
         """Why this backend cannot run this model at this precision (None when it can)."""
         return spec.unsupported_backends.get(self.name)
 
-    def prepare(self, model, example_inputs: tuple, precision: str, threads: int) -> Prepared:
-        """Make `model` (eval mode, fp32 weights) ready to run `example_inputs` at `precision`."""
+    def prepare(self, model, example_inputs: tuple, precision: str, threads: int, ctx: PrepareContext) -> Prepared:
+        """Make `model` (eval mode, fp32 weights) ready to run `example_inputs` at `precision`.
+
+        Raise `UnsupportedError` (with the reason) when this model or precision cannot run here.
+        """
         raise NotImplementedError

@@ -8,6 +8,6 @@ class EagerBackend(Backend):
     name = "eager"
     description = "PyTorch eager mode"
 
-    def prepare(self, model, example_inputs, precision, threads):
+    def prepare(self, model, example_inputs, precision, threads, ctx):
         model, inputs, mode = prec.cast(model, example_inputs, precision)
         return Prepared(model, inputs, mode)

@@ -8,7 +8,7 @@ class InductorBackend(Backend):
     name = "inductor"
     description = "torch.compile(backend='inductor') with freezing"
 
-    def prepare(self, model, example_inputs, precision, threads):
+    def prepare(self, model, example_inputs, precision, threads, ctx):
         import torch
         import torch._inductor.config as inductor_config
 

@@ -8,7 +8,7 @@ class TorchScriptBackend(Backend):
     name = "torchscript"
     description = "torch.jit trace/script + freeze + optimize_for_inference"
 
-    def prepare(self, model, example_inputs, precision, threads):
+    def prepare(self, model, example_inputs, precision, threads, ctx):
         import torch
 
         model, inputs, mode = prec.cast(model, example_inputs, precision)

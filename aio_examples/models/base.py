@@ -67,6 +67,10 @@ class ModelSpec:
     def example_inputs(self, batch_size: int, shape: dict, module) -> tuple:
         raise NotImplementedError
 
+    def calibration_inputs(self, batch_size: int, shape: dict, module, n: int) -> list[tuple]:
+        """`n` input tuples like the example inputs, for static int8 calibration."""
+        return [self.example_inputs(batch_size, shape, module)] * n
+
     def task_size(self, batch_size: int, shape: dict) -> int:
         """Work units (task_unit) one pass does."""
         return batch_size

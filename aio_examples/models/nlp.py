@@ -82,10 +82,18 @@ class Encoder(ModelSpec):
         if tokenizer is not None:
             enc = tokenizer(**self._text(tokenizer), padding="max_length", max_length=seq_len, return_tensors="pt")
             return enc["input_ids"].repeat(batch_size, 1), enc["attention_mask"].repeat(batch_size, 1)
-        vocab = module.model.config.vocab_size
-        gen = torch.Generator().manual_seed(1234)
-        ids = torch.randint(5, vocab, (batch_size, seq_len), generator=gen)
+        return self._random_ids(batch_size, seq_len, module, 1234)
+
+    @staticmethod
+    def _random_ids(batch_size, seq_len, module, seed):
+        gen = torch.Generator().manual_seed(seed)
+        ids = torch.randint(5, module.model.config.vocab_size, (batch_size, seq_len), generator=gen)
         return ids, torch.ones_like(ids)
+
+    def calibration_inputs(self, batch_size, shape, module, n):
+        if getattr(module, "tokenizer", None) is not None:
+            return super().calibration_inputs(batch_size, shape, module, n)
+        return [self._random_ids(batch_size, shape["seq_len"], module, 99 + i) for i in range(n)]
 
 
 class CausalLMStep(nn.Module):
@@ -153,6 +161,9 @@ class CausalLM(Encoder):
             return (ids.repeat(batch_size, 1),)
         gen = torch.Generator().manual_seed(1234)
         return (torch.randint(0, module.model.config.vocab_size, (batch_size, seq_len), generator=gen),)
+
+    def calibration_inputs(self, batch_size, shape, module, n):
+        return [pair[:1] for pair in super().calibration_inputs(batch_size, shape, module, n)]
 
     def task_size(self, batch_size, shape):
         return batch_size * shape["new_tokens"]

@@ -10,9 +10,9 @@ from ..errors import UsageError
 from .base import ModelSpec
 
 
-def _images(batch_size: int, size: int) -> torch.Tensor:
+def _images(batch_size: int, size: int, seed: int = 1234) -> torch.Tensor:
     """Fixed pseudo-random images in [0, 1): the same in every process."""
-    gen = torch.Generator().manual_seed(1234)
+    gen = torch.Generator().manual_seed(seed)
     return torch.rand(batch_size, 3, size, size, generator=gen)
 
 
@@ -38,6 +38,9 @@ class Classifier(ModelSpec):
 
     def example_inputs(self, batch_size, shape, module):
         return (_images(batch_size, shape["input_size"]),)
+
+    def calibration_inputs(self, batch_size, shape, module, n):
+        return [(_images(batch_size, shape["input_size"], seed=99 + i),) for i in range(n)]
 
 
 class DetectionModel(nn.Module):
@@ -75,3 +78,6 @@ class Detector(ModelSpec):
 
     def example_inputs(self, batch_size, shape, module):
         return (_images(batch_size, shape["input_size"]),)
+
+    def calibration_inputs(self, batch_size, shape, module, n):
+        return [(_images(batch_size, shape["input_size"], seed=99 + i),) for i in range(n)]
