@@ -13,8 +13,8 @@ from pathlib import Path
 
 from .errors import UsageError
 
-SCHEMA_VERSION = "1.0"
-STATUSES = ("ok", "unsupported", "failed", "timeout")
+SCHEMA_VERSION = "1.1"
+STATUSES = ("ok", "fail_accuracy", "unsupported", "failed", "timeout")
 
 
 def new_run_id() -> str:
@@ -49,7 +49,10 @@ class Result:
     peak_rss_mb: float | None = None
     samples_ms: list = field(default_factory=list)
     metrics: dict = field(default_factory=dict)      # task extras, e.g. time to first token
-    speedup_vs_eager_fp32: float | None = None
+    speedup_vs_eager_fp32: float | None = None       # only for status ok: a wrong answer is no speedup
+    check: dict | None = None                        # outputs vs eager fp32, see checks.py
+    strategy: str | None = None                      # how the backend ran it (the optimized backend chooses)
+    warnings: list = field(default_factory=list)
     backend_info: dict = field(default_factory=dict)
     binding: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)
@@ -142,11 +145,21 @@ def format_table(results: list[Result]) -> str:
             "+-CI %": _fmt(100 * lat["ci_rel_halfwidth"], 1) if lat.get("ci_rel_halfwidth") not in (None, float("inf")) else "-",
             "throughput": f"{r.throughput['value']:.2f} {r.throughput['unit']}" if r.throughput else "-",
             "vs eager fp32": f"{r.speedup_vs_eager_fp32:.2f}x" if r.speedup_vs_eager_fp32 else "-",
+            "check": _check_cell(r), "strategy": r.strategy or "-",
             "n": lat.get("n", 0), "confident": "yes" if r.confidence_met else "no",
         })
     table = pd.DataFrame(rows).to_string(index=False)
     notes = [f"  {r.backend}/{r.precision}: {r.status}: {r.reason}" for r in results if r.reason]
+    notes += [f"  {r.backend}/{r.precision}: warning: {w}" for r in results for w in r.warnings]
     return table + ("\n" + "\n".join(notes) if notes else "")
+
+
+def _check_cell(r: Result) -> str:
+    """Output check against eager fp32: pass/FAIL and the cosine similarity."""
+    if not r.check:
+        return "-"
+    cosine = r.check.get("cosine")
+    return ("pass" if r.check["passed"] else "FAIL") + (f" cos {cosine:.4f}" if cosine is not None else "")
 
 
 def _fmt(value, digits=2) -> str:

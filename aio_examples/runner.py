@@ -11,6 +11,7 @@ from . import precision as prec
 from . import results as res
 from .artifacts import weights_digest
 from .backends import BACKENDS, PrepareContext, get_backend
+from .checks import compare
 from .compat.torchvision_shim import torchvision_status
 from .environment import capture
 from .errors import UnsupportedError, UsageError
@@ -29,7 +30,7 @@ class RunRequest:
 
     spec: ModelSpec
     backends: list[str]
-    precision: str = "fp32"
+    precisions: list[str] | str = "fp32"      # one name or a list
     batch_size: int = 1
     threads: ThreadChoice = None
     shape: dict = field(default_factory=dict)
@@ -40,7 +41,10 @@ class RunRequest:
     example_inputs: tuple | None = None
 
     def __post_init__(self):
-        prec.validate(self.precision)
+        if isinstance(self.precisions, str):
+            self.precisions = [self.precisions]
+        for p in self.precisions:
+            prec.validate(p)
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise UsageError(f"batch size {self.batch_size!r} is invalid; accepted: a whole number >= 1")
         for name in self.backends:
@@ -77,10 +81,11 @@ def _weights_label(req: RunRequest) -> tuple[str, str | None]:
 
 def run(req: RunRequest, out_dir: Path | None = None, run_id: str | None = None,
         reference: bool = False) -> list[res.Result]:
-    """Measure every requested backend (interleaved) and return their records, appended to out_dir.
+    """Measure every requested backend x precision (interleaved) and return their records, appended to out_dir.
 
     With `reference`, eager fp32 is measured alongside when not requested, so every record gets
-    its speedup over eager fp32 from the same run.
+    its speedup over eager fp32 from the same run. Every record's outputs are checked against
+    eager fp32 on the same inputs.
     """
     import torch
 
@@ -98,12 +103,14 @@ def run(req: RunRequest, out_dir: Path | None = None, run_id: str | None = None,
     binding = {"threads_in_effect": threads_in_effect, "threads_requested": req.threads.threads,
                "threads_source": req.threads.source, "interop_threads": torch.get_num_interop_threads(),
                "affinity": sorted(os.sched_getaffinity(0))}
-    configs = [(b, req.precision) for b in req.backends]
+    configs = [(b, p) for p in req.precisions for b in req.backends]
     if reference and ("eager", "fp32") not in configs:
         configs.insert(0, ("eager", "fp32"))
     if weights == "random":
         logger.info("%s uses random weights (none can be loaded here by default): outputs are meaningless, "
                     "timings are representative. Use --weights or --model-dir for real weights.", req.spec.name)
+    with torch.no_grad():
+        reference_output = req.spec.make_pass(_eager_fp32(module, inputs), req.shape)()
 
     candidates = []
     for backend_name, precision in configs:
@@ -112,31 +119,10 @@ def run(req: RunRequest, out_dir: Path | None = None, run_id: str | None = None,
             batch_size=req.batch_size, threads=req.threads.threads,
             input_shape=req.spec.input_shape(req.batch_size, req.shape), weights=weights, weights_path=weights_path,
             confidence_target={"ci_rel_halfwidth": req.rule.ci_target, "confidence": req.rule.confidence},
-            binding=binding, env=env, run_id=run_id)
+            binding=dict(binding), env=env, run_id=run_id)
         cand = _Candidate(backend_name, precision, result)
         candidates.append(cand)
-        backend = BACKENDS[backend_name]
-        reason = backend.unavailable_reason() or backend.unsupported_reason(req.spec, precision)
-        if reason:
-            result.status, result.reason = "unsupported", reason
-            continue
-        logger.info("preparing %s on %s at %s", req.spec.name, backend_name, precision)
-        start = time.perf_counter()
-        try:
-            with torch.no_grad():
-                prepared = backend.prepare(copy.deepcopy(module), inputs, precision, req.threads.threads, ctx)
-                one_pass = req.spec.make_pass(prepared, req.shape)
-                if prepared.compiles_on_first_call:
-                    one_pass()      # compilation happens here, so it counts as preparation
-        except Exception as exc:  # noqa: BLE001  (a backend that cannot take a model is a result, not a crash)
-            result.status, result.reason = _classify(exc)
-            logger.debug("preparing %s failed", backend_name, exc_info=True)
-            continue
-        result.prepare_s = round(time.perf_counter() - start, 3)
-        logger.debug("%s prepared in %.1f s", backend_name, result.prepare_s)
-        result.precision_mode = prepared.precision_mode
-        result.backend_info = prepared.info
-        cand.measurement = Measurement(one_pass, req.rule)
+        _prepare(cand, req, module, inputs, ctx)
 
     active = [c for c in candidates if c.measurement is not None]
     if active:
@@ -153,6 +139,7 @@ def run(req: RunRequest, out_dir: Path | None = None, run_id: str | None = None,
                 cand.measurement.stop_reason = "interrupted"
     for cand in active:
         _fill(cand, req)
+        _check(cand, req, reference_output, weights)
     _speedups(candidates)
     if out_dir is not None:
         for cand in candidates:
@@ -160,6 +147,53 @@ def run(req: RunRequest, out_dir: Path | None = None, run_id: str | None = None,
     if interrupted:
         raise KeyboardInterrupt
     return [c.result for c in candidates]
+
+
+def _eager_fp32(module, inputs):
+    from .backends import Prepared
+
+    return Prepared(module, inputs, "native")
+
+
+def _prepare(cand: _Candidate, req: RunRequest, module, inputs, ctx: PrepareContext) -> None:
+    """Prepare one configuration; a backend that cannot take it becomes a record, not a crash."""
+    import torch
+
+    result, backend = cand.result, BACKENDS[cand.backend]
+    reason = backend.unavailable_reason() or backend.unsupported_reason(req.spec, cand.precision)
+    if reason:
+        result.status, result.reason = "unsupported", reason
+        return
+    logger.info("preparing %s on %s at %s", req.spec.name, cand.backend, cand.precision)
+    start = time.perf_counter()
+    first_output = None
+    try:
+        with torch.no_grad():
+            prepared = backend.prepare(copy.deepcopy(module), inputs, cand.precision, req.threads.threads, ctx)
+            one_pass = req.spec.make_pass(prepared, req.shape)
+            if prepared.compiles_on_first_call:
+                first_output = one_pass()      # compilation happens here, so it counts as preparation
+    except Exception as exc:  # noqa: BLE001  (a backend that cannot take a model is a result, not a crash)
+        result.status, result.reason = _classify(exc)
+        logger.debug("preparing %s failed", cand.backend, exc_info=True)
+        return
+    result.prepare_s = round(time.perf_counter() - start, 3)
+    logger.debug("%s prepared in %.1f s", cand.backend, result.prepare_s)
+    result.precision_mode = prepared.precision_mode
+    result.backend_info = prepared.info
+    result.strategy = prepared.info.get("strategy", cand.backend)
+    cand.measurement = Measurement(one_pass, req.rule, first_output=first_output)
+
+
+def _check(cand: _Candidate, req: RunRequest, reference_output, weights: str) -> None:
+    m, r = cand.measurement, cand.result
+    if r.status != "ok" or m.first_output is None:
+        return
+    check = compare(req.spec.task, reference_output, m.first_output, cand.precision,
+                    judge_agreement=weights != "random")
+    r.check = check.to_dict()
+    if not check.passed:
+        r.status, r.reason = "fail_accuracy", check.reason
 
 
 def _fail_measurement(measurement: Measurement, exc: BaseException) -> None:
@@ -186,8 +220,24 @@ def _fill(cand: _Candidate, req: RunRequest) -> None:
     r.stop_reason = m.stop_reason
     r.confidence_met = m.confidence_met
     r.peak_rss_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    _observed_cores(m, r)
     for name, values in m.extra_ns.items():
         r.metrics[f"{name}_ms"] = res_summary(values)
+
+
+# CPU time / wall time above the thread count by more than this means the backend ignored it.
+_CORES_SLACK = 0.35
+
+
+def _observed_cores(m: Measurement, r: res.Result) -> None:
+    cores = m.observed_cores
+    if cores is None:
+        return
+    r.binding["observed_cores"] = round(cores, 2)
+    if cores > r.threads + _CORES_SLACK:
+        r.warnings.append(f"{r.backend} kept {cores:.2f} cores busy with {r.threads} thread(s) requested: "
+                          "it does not respect the thread setting")
+        logger.warning("%s/%s: %s", r.backend, r.precision, r.warnings[-1])
 
 
 def res_summary(values_ns) -> dict:

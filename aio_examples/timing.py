@@ -68,12 +68,18 @@ class Measurement:
     measured_s: float = 0.0
     stop_reason: str | None = None
     error: tuple | None = None                     # (status, reason) when a pass raised
+    first_output: object = None                    # what the first pass returned, for output checks
+    cpu_ns: int = 0                                # process CPU time during measured rounds ...
+    wall_ns: int = 0                               # ... and their wall time: cores actually used
     _summary: Summary | None = None
 
-    def _pass(self) -> int:
+    def _pass(self, keep: bool = False) -> int:
         t0 = time.perf_counter_ns()
-        consume(self.fn())
+        out = self.fn()
+        consume(out)
         elapsed = time.perf_counter_ns() - t0
+        if keep:
+            self.first_output = out
         for name, value in (getattr(self.fn, "pass_metrics", None) or {}).items():
             self.extra_ns.setdefault(name, []).append(value)
         return elapsed
@@ -84,7 +90,7 @@ class Measurement:
         start = time.perf_counter()
         times = []
         while True:
-            times.append(self._pass())
+            times.append(self._pass(keep=not times and self.first_output is None))
             if self.first_pass_ms is None:
                 self.first_pass_ms = times[0] / 1e6
             last = times[-self.rule.warmup_window:]
@@ -95,6 +101,11 @@ class Measurement:
         self.warmup_passes = len(times)
         self.warmup_s = time.perf_counter() - start
         self.extra_ns.clear()
+
+    @property
+    def observed_cores(self) -> float | None:
+        """Process CPU time / wall time over the measured rounds: how many cores the backend kept busy."""
+        return self.cpu_ns / self.wall_ns if self.wall_ns else None
 
     @property
     def done(self) -> bool:
@@ -123,6 +134,7 @@ class Measurement:
     def run_for(self, seconds: float) -> None:
         """Measure passes for up to `seconds` (used alone, or in interleaved rounds)."""
         start = last = time.perf_counter()
+        cpu0, wall0 = time.process_time_ns(), time.perf_counter_ns()
         while not self.done:
             self.samples_ns.append(self._pass())
             now = time.perf_counter()
@@ -134,6 +146,8 @@ class Measurement:
                 self._check_stop()
             if round_over:
                 break
+        self.cpu_ns += time.process_time_ns() - cpu0
+        self.wall_ns += time.perf_counter_ns() - wall0
 
 
 def measure(measurements: list[Measurement], round_s: float = 1.0, on_error=None) -> None:

@@ -11,8 +11,14 @@ from aio_examples.timing import Measurement, StopRule, consume, measure
 
 
 class FakeClock:
+    """Wall time advances only when a pass says so; CPU time runs `cores` times as fast."""
+
     def __init__(self):
         self.ns = 0
+        self.cores = 1.0
+
+    def process_time_ns(self):
+        return int(self.ns * self.cores)
 
     def perf_counter_ns(self):
         return self.ns
@@ -76,6 +82,25 @@ def test_noisy_pass_stops_at_timeout_without_confidence(clock):
     assert m.stop_reason == "timeout"
     assert not m.confidence_met
     assert 3.0 <= m.measured_s < 3.2
+
+
+def test_observed_cores_is_cpu_time_over_wall_time_of_measured_rounds(clock):
+    clock.cores = 2.0
+    m = Measurement(passes(clock, [10] * 50), StopRule(num_runs=20))
+    measure([m])
+    assert m.observed_cores == pytest.approx(2.0)
+
+
+def test_first_output_is_kept_for_output_checks(clock):
+    outputs = iter(range(100))
+
+    def fn():
+        clock.ns += 1_000_000
+        return next(outputs)
+
+    m = Measurement(fn, StopRule(num_runs=5))
+    measure([m])
+    assert m.first_output == 0 and len(m.samples_ns) == 5
 
 
 def test_num_runs_is_exact(clock):

@@ -129,12 +129,14 @@ class GreedyGeneration:
         start = time.perf_counter_ns()
         prompt_len = self.prompt.shape[1]
         cache = self.step.new_cache(prompt_len + self.new_tokens)
-        tokens = [self.step(self.prompt, cache, self.prompt_positions).argmax(-1)]
+        first_logits = self.step(self.prompt, cache, self.prompt_positions)
+        tokens = [first_logits.argmax(-1)]
         self.pass_metrics = {"ttft": time.perf_counter_ns() - start}
         for i in range(self.new_tokens - 1):
             position = torch.tensor([prompt_len + i])
             tokens.append(self.step(tokens[-1][:, None], cache, position).argmax(-1))
-        return torch.stack(tokens, 1)
+        # The tokens, and the prompt's next-token logits for numeric output checks.
+        return torch.stack(tokens, 1), first_logits
 
 
 @dataclass(frozen=True)
