@@ -63,14 +63,19 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 def _backends(arg: str | None) -> list[str]:
     from .backends import DEFAULT_BACKEND, available_backends, get_backend
+    from .backends.aio import process_mode
 
     if arg is None:
-        return [DEFAULT_BACKEND]
-    if arg == "all":
-        return available_backends()
-    names = [n.strip() for n in arg.split(",") if n.strip()]
-    for n in names:
-        get_backend(n)
+        names = [DEFAULT_BACKEND]
+    elif arg == "all":
+        names = available_backends()
+    else:
+        names = [n.strip() for n in arg.split(",") if n.strip()]
+        for n in names:
+            get_backend(n)
+    if "aio" in names and not process_mode():
+        print("AIO_PROCESS_MODE=0: the optimized backend is off, running eager instead", file=sys.stderr)
+        names = list(dict.fromkeys("eager" if n == "aio" else n for n in names))
     return names
 
 
@@ -161,6 +166,52 @@ def do_setup(args) -> int:
     return 0
 
 
+def _names(arg: str | None, known, what: str) -> list[str]:
+    if arg in (None, "all"):
+        return list(known)
+    names = [n.strip() for n in arg.split(",") if n.strip()]
+    for n in names:
+        if n not in known:
+            raise UsageError(f"{what} {n!r} is unknown; accepted: {', '.join(known)}, all")
+    return names
+
+
+def do_matrix(args) -> int:
+    """Run (or only render) the support matrix of models x backends x precisions."""
+    from pathlib import Path
+
+    from .backends import BACKENDS
+    from .matrix import render, run_matrix, update_readme
+    from .models import ZOO
+    from .precision import PRECISIONS
+    from .results import check_output_dir
+
+    models = _names(args.models, ZOO, "model")
+    backends = _names(args.backends, BACKENDS, "backend")
+    precisions = _names(args.precisions, PRECISIONS, "precision")
+    readme = Path(args.readme) if args.readme else None
+    if readme is not None and not readme.is_file():
+        raise UsageError(f"--readme {args.readme!r} is not a file; accepted: a README with support-matrix markers")
+    out_dir = check_output_dir(args.output)
+    if not args.render_only:
+        threads = None
+        if args.threads is not None:
+            from .threads import resolve_threads
+
+            threads = resolve_threads(args.threads).threads
+        run_matrix(models, backends, precisions, out_dir, threads, args.point_timeout)
+    table = render(out_dir, models, backends, precisions)
+    print(table)
+    (out_dir / "support_matrix.md").write_text(table)
+    if readme is not None:
+        try:
+            update_readme(readme, table)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        print(f"updated the support matrix in {readme}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Benchmark CPU inference with PyTorch across backends and precisions.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -171,6 +222,16 @@ def build_parser() -> argparse.ArgumentParser:
     list_p.add_argument("--no-flops", action="store_true", help="skip counting FLOPs (counted once, then cached)")
     list_p.add_argument("--json", action="store_true")
     sub.add_parser("setup", help="check (and adapt) the installed libraries")
+    mx = sub.add_parser("matrix", help="which model x backend x precision runs here (each in its own process)")
+    mx.add_argument("--models", default=None, help="comma list (default: the whole zoo)")
+    mx.add_argument("--backends", default=None, help="comma list (default: all)")
+    mx.add_argument("--precisions", default=None, help="comma list (default: all)")
+    mx.add_argument("--output", default="results/matrix", help="folder of the cells' records (resumes)")
+    mx.add_argument("-t", "--threads", default=None)
+    mx.add_argument("--point-timeout", type=_positive("--point-timeout", float, "seconds > 0"), default=900.0,
+                    help="seconds per model x backend x precision before its process is killed")
+    mx.add_argument("--render-only", action="store_true", help="only render the records already in --output")
+    mx.add_argument("--readme", default=None, help="also replace the support matrix section of this README")
     return parser
 
 
@@ -211,6 +272,8 @@ def main(argv=None) -> int:
             return do_run(args.model, args)
         if args.command == "list":
             return do_list(args)
+        if args.command == "matrix":
+            return do_matrix(args)
         return do_setup(args)
     return _guard(go)
 

@@ -38,6 +38,10 @@ class ModelSpec:
         self.check_shape(shape)
         return shape
 
+    def smoke_shape(self) -> dict:
+        """A small shape that still exercises the whole model: for support checks and tests."""
+        return dict(self.default_shape)
+
     def check_shape(self, shape: dict) -> None:
         """Raise UsageError for shapes this model cannot take."""
 

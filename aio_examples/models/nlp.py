@@ -51,6 +51,9 @@ class Encoder(ModelSpec):
     def _config(self):
         return getattr(_transformers(), self.config_class)(**dict(self.config_kwargs))
 
+    def smoke_shape(self):
+        return {"seq_len": 32}
+
     def check_shape(self, shape):
         limit = self._config().max_position_embeddings - (2 if self.config_class == "RobertaConfig" else 0)
         if shape["seq_len"] > limit:
@@ -142,6 +145,9 @@ class GreedyGeneration:
 @dataclass(frozen=True)
 class CausalLM(Encoder):
     """A causal LM benchmarked as text generation: throughput in generated tokens per second."""
+
+    def smoke_shape(self):
+        return {"seq_len": 8, "new_tokens": 4}
 
     def check_shape(self, shape):
         limit = self._config().n_positions

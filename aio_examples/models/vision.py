@@ -24,6 +24,9 @@ class Classifier(ModelSpec):
     builder_kwargs: dict = field(default_factory=dict)
     min_size: int = 32
 
+    def smoke_shape(self):
+        return {"input_size": max(64, self.min_size)}
+
     def check_shape(self, shape):
         if shape["input_size"] < self.min_size:
             raise UsageError(f"--input-size {shape['input_size']} is too small for {self.name}; "
@@ -65,6 +68,9 @@ class Detector(ModelSpec):
 
     builder: str = ""
     resizes: bool = True
+
+    def smoke_shape(self):
+        return {"input_size": 128}
 
     def check_shape(self, shape):
         if shape["input_size"] < 64:

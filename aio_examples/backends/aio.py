@@ -1,0 +1,171 @@
+"""The optimized backend: the fastest of several strategies on this machine, chosen by a short tuning run.
+
+Strategies: `compiled` (torch.compile with the `aio` graph passes, see aio_examples/aio_compile),
+and executing through ONNX Runtime or OpenVINO. The first run for a (model, shapes, precision,
+threads, CPU, library versions) prepares every strategy that can run, times them in interleaved
+rounds and caches the decision on disk; later runs prepare only the winner. Precisions: fp32 and
+bf16 end to end; fp16 and int8 through the implicit modes of the compiled graph (reduced-precision
+or int8 kernels for the ops the `AIO_*` filters select) or the runtimes' own fp16/int8.
+"""
+
+import copy
+import json
+import os
+import platform
+
+from ..errors import UnsupportedError, UsageError
+from ..log import logger
+from .base import Backend, Prepared
+
+STRATEGIES = ("compiled", "onnxruntime", "openvino")
+TUNING_ROUND_S = 0.5
+TUNING_TIMEOUT_S = 4.0
+
+
+def process_mode() -> bool:
+    """`AIO_PROCESS_MODE`: 1 (default) runs the optimized backend, 0 falls back to eager."""
+    value = os.environ.get("AIO_PROCESS_MODE", "1").strip()
+    if value not in ("0", "1"):
+        raise UsageError(f"AIO_PROCESS_MODE={value!r} is invalid; accepted: 0 (fall back to eager) or 1")
+    return value == "1"
+
+
+class AioBackend(Backend):
+    name = "aio"
+    description = "optimized: the fastest of aio-compiled / ONNX Runtime / OpenVINO here, tuned and cached"
+
+    def prepare(self, model, example_inputs, precision, threads, ctx):
+        from ..artifacts import describe_inputs
+
+        key = {"inputs": describe_inputs(example_inputs), "precision": precision, "threads": threads,
+               "cpu": _cpu(), "versions": _versions()}
+        decision_file = _decision_file(ctx.model_name, key)
+        cached = _load_decision(decision_file)
+        if cached and cached["strategy"] in STRATEGIES:
+            try:
+                prepared = _prepare_strategy(cached["strategy"], model, example_inputs, precision, threads, ctx)
+            except UnsupportedError:
+                logger.info("cached strategy %s no longer runs; tuning again", cached["strategy"])
+            else:
+                prepared.info.update({"strategy": cached["strategy"],
+                                      "tuning": {**cached, "cached": True, "file": str(decision_file)}})
+                return prepared
+        return self._tune(model, example_inputs, precision, threads, ctx, decision_file)
+
+    def _tune(self, model, example_inputs, precision, threads, ctx, decision_file) -> Prepared:
+        """Prepare every strategy that can run, time them alike, keep the fastest."""
+        import torch
+
+        from ..timing import Measurement, StopRule, measure
+
+        prepared, refused = {}, {}
+        for strategy in STRATEGIES:
+            try:
+                p = _prepare_strategy(strategy, copy.deepcopy(model), example_inputs, precision, threads, ctx)
+                one_pass = lambda p=p: p.fn(*p.inputs)
+                if p.compiles_on_first_call:
+                    with torch.no_grad():
+                        one_pass()
+                prepared[strategy] = (p, one_pass)
+            except Exception as exc:  # noqa: BLE001  (a strategy that cannot take the model is simply not chosen)
+                refused[strategy] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+                logger.debug("aio strategy %s refused", strategy, exc_info=True)
+        if not prepared:
+            raise UnsupportedError("no aio strategy runs this model at " + precision + ": "
+                                   + "; ".join(f"{k}: {v}" for k, v in refused.items()))
+        rule = StopRule(timeout_s=TUNING_TIMEOUT_S, min_time_s=1.0, min_runs=5, ci_target=0.02)
+        measurements = {s: Measurement(one_pass, rule) for s, (_, one_pass) in prepared.items()}
+        if len(measurements) > 1:
+            with torch.no_grad():
+                measure(list(measurements.values()), round_s=TUNING_ROUND_S, on_error=_drop)
+        medians = {s: m.summary().median for s, m in measurements.items() if m.samples_ns and not m.error}
+        best = min(medians, key=medians.get) if medians else next(iter(prepared))
+        decision = {"strategy": best, "medians_ms": {s: round(v, 3) for s, v in medians.items()},
+                    "refused": refused}
+        _save_decision(decision_file, decision)
+        logger.info("aio tuning chose %s (%s)", best, ", ".join(f"{s} {v:.2f} ms" for s, v in medians.items()))
+        chosen = prepared[best][0]
+        chosen.info.update({"strategy": best, "tuning": {**decision, "cached": False, "file": str(decision_file)}})
+        chosen.compiles_on_first_call = False     # already compiled while tuning
+        return chosen
+
+
+def _drop(measurement, exc) -> None:
+    measurement.error = (type(exc).__name__, str(exc))
+
+
+def _prepare_strategy(strategy, model, example_inputs, precision, threads, ctx) -> Prepared:
+    if strategy == "compiled":
+        return _compiled(model, example_inputs, precision, threads, ctx)
+    from . import BACKENDS
+
+    backend = BACKENDS[strategy]
+    reason = backend.unavailable_reason()
+    if reason:
+        raise UnsupportedError(reason)
+    return backend.prepare(model, example_inputs, precision, threads, ctx)
+
+
+def _compiled(model, example_inputs, precision, threads, ctx) -> Prepared:
+    """torch.compile(backend="aio") with the precision's implicit mode, channels-last for conv nets."""
+    import torch
+
+    from .. import aio_compile
+    from .. import precision as prec
+
+    options = {"modelname": ctx.model_name, "threads": threads}
+    if precision == "bf16":
+        model, inputs, mode = prec.cast(model, example_inputs, "bf16")
+    else:
+        inputs, mode = example_inputs, "native"
+        if precision == "fp16":
+            options["implicit_fp16_filter"] = os.environ.get("AIO_IMPLICIT_FP16_TRANSFORM_FILTER") or ".*"
+        elif precision == "int8":
+            options["quantize_int8_filter"] = os.environ.get("AIO_QUANTIZE_INT8_FILTER") or ".*"
+    model, inputs = aio_compile.prepare_module(model, inputs)
+    aio_compile.register()
+    compiled = torch.compile(model, backend="aio", options=options)
+    report_holder = {}
+
+    def run(*args):
+        out = compiled(*args)
+        if not report_holder:
+            report_holder.update(aio_compile.last_report(ctx.model_name) or {})
+        return out
+
+    info = {"provider": aio_compile.provider(), "options": options, "passes": report_holder}
+    if precision in ("fp16", "int8"):
+        mode = f"implicit-{precision}"
+    return Prepared(run, inputs, mode, info, compiles_on_first_call=True)
+
+
+def _cpu() -> str:
+    from ..environment import capture
+
+    env = capture({})
+    return f"{env.get('cpu_model')}|{platform.machine()}|{','.join(env.get('isa') or [])}"
+
+
+def _versions() -> dict:
+    from ..environment import PACKAGES, _version
+
+    return {p: _version(p) for p in PACKAGES}
+
+
+def _decision_file(model_name: str, key: dict):
+    from ..artifacts import artifact_dir
+
+    return artifact_dir("tuning", model_name, **key) / "decision.json"
+
+
+def _load_decision(path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _save_decision(path, decision: dict) -> None:
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(decision, indent=1))
+    os.replace(tmp, path)
