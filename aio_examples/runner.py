@@ -98,7 +98,8 @@ def run(req: RunRequest, out_dir: Path | None = None, run_id: str | None = None,
     ctx = PrepareContext(
         model_name=req.spec.name, task=req.spec.task, family=req.spec.family, shape=dict(req.shape),
         batch_size=req.batch_size, weights_id=weights_digest(module),
-        calibration=lambda n: req.spec.calibration_inputs(req.batch_size, req.shape, module, n))
+        calibration=(lambda n: [inputs] * n) if req.module is not None
+        else lambda n: req.spec.calibration_inputs(req.batch_size, req.shape, module, n))
     env = capture({**torchvision_status()})
     binding = {"threads_in_effect": threads_in_effect, "threads_requested": req.threads.threads,
                "threads_source": req.threads.source, "interop_threads": torch.get_num_interop_threads(),

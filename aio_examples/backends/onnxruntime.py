@@ -1,0 +1,272 @@
+"""ONNX Runtime on the CPU execution provider, from a cached ONNX export; int8 through onnxruntime.quantization.
+
+What ran is read back, not assumed: one profiled pass at preparation lists the element types each kernel
+took, because ORT quietly wraps float16 nodes it has no CPU kernel for in casts and computes them in fp32.
+"""
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import platform
+import re
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from ..artifacts import key
+from ..errors import UnsupportedError
+from ..log import logger
+from ..onnx_export import atomic_files, export_onnx, input_names, short_error
+from .base import Backend, Prepared
+
+GENERATION_REASON = ("text generation steps a mutable static KV cache held by the torch model; "
+                     "an exported ONNX graph cannot carry that cache between calls")
+CALIBRATION_SAMPLES = 8
+# Kernels that carry the arithmetic; a lower precision only counts when these run in it.
+_HEAVY_OPS = {"Conv", "ConvTranspose", "FusedConv", "MatMul", "FusedMatMul", "Gemm", "FusedGemm", "Attention",
+              "MultiHeadAttention", "QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger",
+              "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm", "QAttention"}
+_TYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16"}    # as ORT's profiler names element types
+
+
+class OnnxRuntimeBackend(Backend):
+    name = "onnxruntime"
+    description = "ONNX Runtime, CPU execution provider, from an ONNX export (int8 via onnxruntime.quantization)"
+
+    def unavailable_reason(self):
+        missing = [m for m in ("onnx", "onnxruntime") if importlib.util.find_spec(m) is None]
+        return f"{' and '.join(missing)} not installed (pip install onnx onnxruntime)" if missing else None
+
+    def unsupported_reason(self, spec, precision):
+        return GENERATION_REASON if spec.task == "text-generation" else super().unsupported_reason(spec, precision)
+
+    def prepare(self, model, example_inputs, precision, threads, ctx):
+        from .. import precision as prec
+
+        if ctx.task == "text-generation":
+            raise UnsupportedError(GENERATION_REASON)
+        if precision == "int8":
+            path, info = export_onnx(model, example_inputs, ctx, "fp32")
+            path, info["quantization"] = quantize(path, model, example_inputs, ctx)
+            inputs, mode = example_inputs, info["quantization"]["scheme"]
+        else:
+            path, info = export_onnx(model, example_inputs, ctx, precision)
+            inputs, mode = prec.cast_tree(tuple(example_inputs), prec.dtype(precision)), "native"
+        sess = make_session(path, threads, profile=True)
+        graph_inputs = {i.name for i in sess.get_inputs()}     # an exporter may drop inputs the graph never reads
+        feed = {n: _to_numpy(t) for n, t in zip(input_names(inputs), inputs) if n in graph_inputs}
+        names, arrays = tuple(feed), tuple(feed.values())
+        kernels = _profiled_kernels(sess, feed)
+        info["kernels_by_input_type"] = dict(Counter(types[0] for _, types in kernels))
+        info["session"] = session_info(sess)
+        if precision != "fp32":
+            mode = _check_kernels(precision, mode, kernels, info)
+
+        def run(*arrays):
+            return sess.run(None, dict(zip(names, arrays)))
+
+        return Prepared(run, arrays, mode, info)
+
+
+def make_session(path: Path, threads: int, profile: bool = False):
+    """A CPU session with exactly `threads` intra-op threads, sequential, all graph optimizations on."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # ORT's failures reach the caller as exceptions; its own log lines (e.g. a failed session complaining it
+    # has no profile to write) only when debugging.
+    so.log_severity_level = 1 if logger.isEnabledFor(logging.DEBUG) else 4
+    if profile:
+        so.enable_profiling = True
+        so.profile_file_prefix = os.path.join(tempfile.gettempdir(), f"aio-ort-profile-{os.getpid()}")
+    try:
+        return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    except Exception as exc:    # ORT has its own types (InvalidGraph, NotImplemented...) for graphs it cannot take
+        text = re.sub(r"\[ONNXRuntimeError\] : \d+ : \w+ : |Load model from \S+ failed:", "", short_error(exc))
+        raise UnsupportedError(f"ONNX Runtime cannot load the graph: {text}") from exc
+
+
+def session_info(sess) -> dict:
+    """The settings read back from the session, as recorded in results."""
+    so = sess.get_session_options()
+    return {"intra_op_num_threads": so.intra_op_num_threads, "inter_op_num_threads": so.inter_op_num_threads,
+            "execution_mode": so.execution_mode.name, "graph_optimization_level": so.graph_optimization_level.name,
+            "providers": sess.get_providers()}
+
+
+def _to_numpy(tensor):
+    """A torch tensor as the numpy array ORT takes (bf16 through ml_dtypes, which numpy lacks)."""
+    import torch
+
+    if tensor.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return tensor.detach().contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return tensor.detach().contiguous().numpy()
+
+
+def _profiled_kernels(sess, feed: dict) -> list[tuple[str, tuple]]:
+    """(op, element types of its inputs) for every kernel of one pass; profiling then stops."""
+    sess.run(None, feed)
+    profile = Path(sess.end_profiling())
+    try:
+        events = json.loads(profile.read_text())
+    finally:
+        profile.unlink(missing_ok=True)
+    kernels = []
+    for event in events:
+        args = event.get("args", {})
+        if event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time"):
+            types = tuple(next(iter(s), "none") for s in args.get("input_type_shape") or [{}])
+            kernels.append((args.get("op_name", "?"), types))
+    return kernels
+
+
+def _check_kernels(precision: str, mode: str, kernels, info: dict) -> str:
+    """The precision mode the heavy kernels bear out; UnsupportedError when none of them ran at `precision`.
+
+    fp16/bf16: "cast" when every heavy kernel took that type, "mixed" when only some did.
+    int8: a heavy kernel counts when any of its inputs is int8/uint8 (dynamic MatMul takes float activations).
+    """
+    target = _TYPE_NAMES.get(precision, "int8")
+    heavy = [(op, types) for op, types in kernels if op in _HEAVY_OPS]
+    if precision == "int8":
+        hits = [op for op, types in heavy if {"int8", "uint8"} & set(types)]
+    else:
+        hits = [op for op, types in heavy if types[0] == target]
+    others = sorted({op for op, _ in heavy} - set(hits))
+    info["heavy_kernels"] = {"total": len(heavy), f"in_{target}": len(hits), "other_ops": others}
+    if not heavy:
+        raise UnsupportedError(f"the graph has no Conv/MatMul/Gemm kernel that could run at {precision}")
+    if not hits and precision == "int8":
+        raise UnsupportedError(f"after {mode} quantization no kernel of {', '.join(others)} ran on int8 data")
+    if not hits:
+        raise UnsupportedError(f"ONNX Runtime's CPU kernels for {', '.join(others)} take no {target}: "
+                               "it would insert casts and compute in fp32")
+    if precision == "int8":
+        return mode
+    return "cast" if not others else "mixed"
+
+
+# --- int8 -----------------------------------------------------------------------------------------
+
+def _int8_scheme(model, example_inputs, ctx) -> tuple[dict, list]:
+    """The quantization scheme for `model` and its calibration samples (none for dynamic)."""
+    from ..environment import capture
+    from ..quantize import is_conv_net
+
+    # x86 int8 kernels multiply uint8 activations by int8 weights with an instruction whose 16-bit sums
+    # saturate unless the CPU has VNNI: 7-bit weights keep them in range (ORT's advice for such CPUs).
+    isa = capture()["isa"]
+    reduce_range = platform.machine() in ("x86_64", "AMD64") and not any("vnni" in f or "amx" in f for f in isa)
+    if not is_conv_net(model):
+        return {"scheme": "int8-dynamic", "format": "QOperator", "per_channel": False, "weights": "QInt8",
+                "activations": "QUInt8, quantized per call", "reduce_range": reduce_range,
+                "op_types": ["MatMul", "Attention"]}, []
+    samples = [dict(zip(input_names(s), map(_to_numpy, s)))
+               for s in ctx.calibration_inputs(example_inputs, CALIBRATION_SAMPLES)]
+    # uint8 activations: with int8 ones ORT leaves convolutions around residual Adds in fp32
+    # behind Quantize/Dequantize pairs.
+    return {"scheme": "int8-static-qdq", "format": "QDQ", "per_channel": True, "weights": "QInt8",
+            "activations": "QUInt8", "reduce_range": reduce_range, "calibration": "MinMax",
+            "calibration_samples": len(samples)}, samples
+
+
+def quantize(fp32_path: Path, model, example_inputs, ctx) -> tuple[Path, dict]:
+    """int8 model next to the fp32 export, cached: static QDQ (per-channel, calibrated) for conv nets,
+    dynamic (int8 weights, activations quantized per call) for Linear/MatMul models."""
+    import onnxruntime as ort
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    settings, samples = _int8_scheme(model, example_inputs, ctx)
+    digest = hashlib.sha256()
+    for sample in samples:
+        for name, array in sample.items():
+            digest.update(name.encode() + array.tobytes())
+    name = f"{settings['scheme']}-{key(ort=ort.__version__, samples=digest.hexdigest(), **settings)}.onnx"
+    path = fp32_path.parent / name
+    meta_path = path.with_suffix(".json")
+    if path.is_file() and meta_path.is_file():
+        return path, {**json.loads(meta_path.read_text()), "cached": True}
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.samples = iter(samples)
+
+        def get_next(self):
+            return next(self.samples, None)
+
+    start = time.perf_counter()
+    with atomic_files(path.parent, name) as scratch:
+        source = scratch / "pre.onnx"
+        try:
+            # Symbolic shape inference and ORT's basic fusions let more nodes be quantized.
+            quant_pre_process(str(fp32_path), str(source))
+            settings["pre_process"] = "ok"
+        except Exception as exc:  # noqa: BLE001  (pre-processing is an optimization; quantize without it)
+            source = fp32_path
+            settings["pre_process"] = f"skipped: {short_error(exc, 200)}"
+        if samples:
+            quantize_static(str(source), str(scratch / name), Reader(), quant_format=QuantFormat.QDQ,
+                            per_channel=True, weight_type=QuantType.QInt8, activation_type=QuantType.QUInt8,
+                            reduce_range=settings["reduce_range"])
+        else:
+            quantize_dynamic(str(_gemm_as_matmul(source, scratch / "matmul.onnx")), str(scratch / name),
+                             weight_type=QuantType.QInt8, op_types_to_quantize=settings["op_types"],
+                             reduce_range=settings["reduce_range"])
+        settings["quantize_s"] = round(time.perf_counter() - start, 2)
+        for scratch_file in ("pre.onnx", "matmul.onnx"):
+            (scratch / scratch_file).unlink(missing_ok=True)
+        (scratch / meta_path.name).write_text(json.dumps(settings, indent=1))
+    return path, {**settings, "cached": False}
+
+
+def _gemm_as_matmul(src: Path, dst: Path) -> Path:
+    """Rewrite Gemm(x, W) + b as MatMul + Add: dynamic quantization has int8 kernels for MatMul only,
+    and exporters write a Linear on 2-D input as Gemm. Returns `src` when there is nothing to rewrite."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    proto = onnx.load(str(src))
+    weights = {t.name: t for t in proto.graph.initializer}
+    nodes, replaced = [], set()
+    for node in proto.graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if (node.op_type != "Gemm" or node.input[1] not in weights or attrs.get("transA", 0)
+                or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0):
+            nodes.append(node)
+            continue
+        w = numpy_helper.to_array(weights[node.input[1]])
+        w_name = f"{node.input[1]}_for_matmul"
+        if w_name not in replaced:
+            proto.graph.initializer.append(numpy_helper.from_array(w.T.copy() if attrs.get("transB", 0) else w, w_name))
+            replaced.add(w_name)
+        has_bias = len(node.input) > 2 and node.input[2]
+        product = f"{node.output[0]}_matmul" if has_bias else node.output[0]
+        nodes.append(helper.make_node("MatMul", [node.input[0], w_name], [product], name=f"{node.name}_matmul"))
+        if has_bias:
+            nodes.append(helper.make_node("Add", [product, node.input[2]], [node.output[0]], name=f"{node.name}_bias"))
+    if not replaced:
+        return src
+    del proto.graph.node[:]
+    proto.graph.node.extend(nodes)
+    used = {i for n in proto.graph.node for i in n.input}
+    kept = [t for t in proto.graph.initializer if t.name in used]
+    del proto.graph.initializer[:]
+    proto.graph.initializer.extend(kept)
+    onnx.save(proto, str(dst))
+    return dst
