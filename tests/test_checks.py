@@ -61,6 +61,8 @@ def test_detection_matches_boxes_by_label_and_iou_in_any_key_order():
     c = compare("object-detection", ref, shifted, "fp32", judge_agreement=True)
     assert c.metrics["agreement"]["boxes_matched"] == 0.5 and not c.passed
     assert compare("object-detection", ref, ref, "fp32", judge_agreement=True).passed
+    unjudged = compare("object-detection", ref, shifted, "fp32", judge_agreement=False)
+    assert unjudged.passed and unjudged.metrics["judged"] == [] and unjudged.metrics["agreement"]["boxes_matched"] == 0.5
 
 
 def test_structure_mismatch_and_non_finite_outputs_fail():
