@@ -4,12 +4,16 @@ from ..errors import UsageError
 from .base import Backend, PrepareContext, Prepared
 from .eager import EagerBackend
 from .inductor import InductorBackend
+from .onnxruntime import OnnxRuntimeBackend
+from .openvino import OpenVinoBackend
 from .torchscript import TorchScriptBackend
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
     EagerBackend(),
     TorchScriptBackend(),
     InductorBackend(),
+    OnnxRuntimeBackend(),
+    OpenVinoBackend(),
 )}
 
 DEFAULT_BACKEND = "inductor"
