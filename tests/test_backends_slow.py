@@ -18,10 +18,12 @@ def test_every_cell_runs_or_says_why(tmp_path):
     proc = run_cli(["-m", "aio_examples", "matrix", "--output", str(out), "-t", "2"], timeout=4 * 3600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    # fail_accuracy is a measured answer (e.g. int8 flushing a random-weight model's tiny outputs to 0),
+    # shown as such; failed and timeout are bugs.
     bad = [f"{r['model']}/{r['backend']}/{r['precision']}: {r['status']}: {r['reason']}" for r in records
-           if r["status"] not in ("ok", "unsupported")]
+           if r["status"] not in ("ok", "unsupported", "fail_accuracy")]
     assert not bad, "\n".join(bad)
-    assert all(r["reason"] for r in records if r["status"] == "unsupported")
+    assert all(r["reason"] for r in records if r["status"] != "ok")
     for r in records:
-        if r["status"] == "ok":
-            assert r["check"]["passed"] and r["precision_mode"], r
+        if r["status"] in ("ok", "fail_accuracy"):
+            assert r["check"]["passed"] == (r["status"] == "ok") and r["precision_mode"], r

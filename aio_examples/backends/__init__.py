@@ -1,6 +1,7 @@
 """Backend registry: one line per backend, each in its own module."""
 
 from ..errors import UsageError
+from .aio import AioBackend
 from .base import Backend, PrepareContext, Prepared
 from .eager import EagerBackend
 from .inductor import InductorBackend
@@ -9,6 +10,7 @@ from .openvino import OpenVinoBackend
 from .torchscript import TorchScriptBackend
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
+    AioBackend(),
     EagerBackend(),
     TorchScriptBackend(),
     InductorBackend(),
@@ -16,7 +18,7 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     OpenVinoBackend(),
 )}
 
-DEFAULT_BACKEND = "inductor"
+DEFAULT_BACKEND = "aio"
 
 
 def get_backend(name: str) -> Backend:
