@@ -4,7 +4,12 @@
 `aio-examples` (or `python -m aio_examples`) and each model folder's `run.py`.
 """
 
+from .aio_compile import install as _install_aio_backend
+
 __version__ = "0.1.0"
+
+# torch.compile(backend="aio") works after `import aio_examples`, without importing torch here.
+_install_aio_backend()
 
 
 def __getattr__(name):

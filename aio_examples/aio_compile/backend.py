@@ -1,0 +1,86 @@
+"""The compiler function behind backend "aio", and the module preparation that goes with it."""
+
+from collections import Counter
+
+import torch
+from torch._dynamo.utils import counters
+
+from . import passes, reports
+from .cpu import int8_activation_max, reduced_dtype
+from .options import resolve_options
+
+_OUT_DTYPES = {"FP32": torch.float32, "FP16": torch.float16, "BF16": torch.bfloat16}
+
+
+def _qlinear_lowered() -> int:
+    return counters["inductor"]["qlinear_weight_prepack_matcher_count"]
+
+
+def aio_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, mode: str | None = None):
+    """Compile one dynamo graph: the AIO_* passes, then inductor with freezing.
+
+    The module's parameters and buffers become constants, as with inductor's freezing: inductor folds
+    what the passes add and prepacks weights for oneDNN, and later changes to the weights are not seen
+    (compile again, after torch._dynamo.reset()). Folding needs the first call to run without autograd
+    (torch.no_grad() or torch.inference_mode()). `cpp.threads` is fixed to `options["threads"]` or
+    torch's current thread count, because inductor bakes it into its kernels.
+    Layout is the caller's choice: conv nets run best with the module and 4-D inputs in channels-last,
+    which `prepare_module` does.
+    """
+    from torch._inductor import list_mode_options
+    from torch._inductor.compile_fx import compile_fx
+
+    opts = resolve_options(options)
+    threads = opts.threads or torch.get_num_threads()
+    # With autograd on, weights must stay inputs that gradients reach: no constants, no freezing.
+    freezing = not torch.is_grad_enabled()
+    lifted, keep = passes.lift_constants(gm, example_inputs, enabled=freezing)
+    report = {"provider": "aio_examples", "options": opts.to_dict(), "constants": len(example_inputs) - len(keep)}
+    if opts.merge_linear:
+        report["merge_linear"] = passes.merge_linears(lifted)
+    if opts.int8_kinds:
+        act_max, why = int8_activation_max()
+        report["quantize_int8"] = {**passes.quantize_int8(lifted, opts.int8_kinds, _OUT_DTYPES[opts.int8_out_dtype],
+                                                          act_max), "out_dtype": opts.int8_out_dtype, "why": why}
+    if opts.fp16_kinds:
+        dtype, why = reduced_dtype()
+        report["implicit_fp16"] = {**passes.reduce_precision(lifted, opts.fp16_kinds, dtype), "why": why}
+    lifted.graph.lint()
+    lifted.recompile()
+    report["graph_ops"] = dict(Counter(k for k in map(passes.op_kind, lifted.graph.nodes) if k))
+
+    patches = {**(list_mode_options(mode) if mode else {}), "freezing": True, "cpp.threads": threads}
+    lowered = _qlinear_lowered()
+    with torch._inductor.config.patch(patches):
+        compiled = compile_fx(lifted, [example_inputs[i] for i in keep])
+    report["inductor"] = {"freezing": freezing, "cpp_threads": threads}
+    if "quantize_int8" in report:
+        report["quantize_int8"]["onednn_int8_linears"] = _qlinear_lowered() - lowered
+    reports.record(opts.modelname, options, report)
+    if len(keep) == len(example_inputs):
+        return compiled
+
+    def run(*args):
+        return compiled(*[args[i] for i in keep])
+
+    return run
+
+
+def _has_conv2d(model) -> bool:
+    return any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+
+
+def prepare_module(model, inputs: tuple, channels_last: bool | None = None):
+    """(model, inputs) in the layout the aio backend runs fastest: channels-last for conv nets.
+
+    With `channels_last=None` that means modules containing Conv2d. Only 4-D floating inputs change.
+    """
+    if channels_last is None:
+        channels_last = _has_conv2d(model)
+    if not channels_last:
+        return model, inputs
+    fmt = torch.channels_last
+    model = model.to(memory_format=fmt)
+    inputs = tuple(x.contiguous(memory_format=fmt) if isinstance(x, torch.Tensor) and x.dim() == 4
+                   and x.is_floating_point() else x for x in inputs)
+    return model, inputs

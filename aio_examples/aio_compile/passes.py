@@ -1,0 +1,355 @@
+"""FX passes over the graph dynamo captured, run before AOT autograd and inductor.
+
+With torch 2.13 dynamo inlines nn.Module calls: a Linear is a call to F.linear (torch._C._nn.linear), a
+Conv2d a call to torch.conv2d, and weights arrive as graph inputs. `lift_constants` first makes the
+module's weights graph constants, so the passes can transform them once at compile time (concatenate,
+cast, quantize) and inductor's freezing folds and prepacks the results for oneDNN.
+Each pass returns counts of what it changed, for the report.
+"""
+
+import copy
+import operator
+from collections import Counter, defaultdict
+
+import torch
+import torch.nn.functional as F
+from torch import fx
+
+_MATMUL_FUNCTIONS = (torch.matmul, operator.matmul, torch.mm, torch.bmm)
+_MATMUL_METHODS = ("matmul", "mm", "bmm", "__matmul__")
+# Ops whose result aliases their input: an in-place op on the result mutates the input too.
+_ALIASING = frozenset(("getitem", "view", "reshape", "transpose", "permute", "narrow", "select", "expand",
+                       "unsqueeze", "squeeze", "t", "flatten", "unflatten", "split", "chunk", "unbind",
+                       "detach", "as_strided", "view_as", "contiguous"))
+_INT8 = (-128, 127, torch.int8)      # weights: symmetric per output channel
+
+
+def op_kind(node: fx.Node) -> str | None:
+    """The op kind a node is, in the names the filters use (see options.KIND_NAMES)."""
+    if node.op == "call_function":
+        if node.target is F.linear:
+            return "Linear"
+        if node.target is torch.conv2d:
+            return "Conv2d"
+        if node.target in _MATMUL_FUNCTIONS:
+            return "MatMul"
+        if node.target is F.embedding_bag:
+            return "EmbeddingBag"
+    elif node.op == "call_method" and node.target in _MATMUL_METHODS:
+        return "MatMul"
+    return None
+
+
+def _arg(node: fx.Node, index: int, name: str, default=None):
+    return node.args[index] if len(node.args) > index else node.kwargs.get(name, default)
+
+
+def _set_arg(node: fx.Node, index: int, name: str, value) -> None:
+    if len(node.args) > index:
+        node.update_arg(index, value)
+    else:
+        node.update_kwarg(name, value)
+
+
+def _constant(gm: fx.GraphModule, arg) -> torch.Tensor | None:
+    """The tensor a get_attr node names; None for values computed at run time."""
+    if not (isinstance(arg, fx.Node) and arg.op == "get_attr"):
+        return None
+    value = gm
+    for part in arg.target.split("."):
+        value = getattr(value, part)
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def _add_constant(gm: fx.GraphModule, tensor: torch.Tensor, hint: str) -> fx.Node:
+    hint = hint.removeprefix("_aio_").replace(".", "_")
+    name, i = f"_aio_{hint}", 0
+    while hasattr(gm, name):
+        i += 1
+        name = f"_aio_{hint}_{i}"
+    gm.register_buffer(name, tensor, persistent=False)
+    anchor = next(n for n in gm.graph.nodes if n.op != "placeholder")
+    with gm.graph.inserting_before(anchor):
+        return gm.graph.get_attr(name)
+
+
+def _dtype(gm: fx.GraphModule, arg):
+    """dtype of a graph value when known: constants, or what dynamo recorded."""
+    const = _constant(gm, arg)
+    if const is not None:
+        return const.dtype
+    value = arg.meta.get("example_value") if isinstance(arg, fx.Node) else None
+    return value.dtype if isinstance(value, torch.Tensor) else None
+
+
+def _shape(arg):
+    value = arg.meta.get("example_value") if isinstance(arg, fx.Node) else None
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else None
+
+
+def _replace(node: fx.Node, new: fx.Node) -> None:
+    node.replace_all_uses_with(new, delete_user_cb=lambda user: user is not new)
+    if not node.users:
+        node.graph.erase_node(node)
+
+
+def _drop_unused_constants(gm: fx.GraphModule) -> None:
+    for node in list(gm.graph.find_nodes(op="get_attr")):
+        if not node.users and node.target.startswith("_aio_"):
+            gm.graph.erase_node(node)
+            delattr(gm, node.target)
+
+
+# -- module state as constants -------------------------------------------------------------------------
+
+def _is_module_state(node: fx.Node, value) -> bool:
+    """Parameters and buffers of the compiled module (dynamo tags their source), not the user's inputs."""
+    if not isinstance(value, torch.Tensor):
+        return False
+    source = getattr(node.meta.get("grapharg"), "source", None)
+    try:
+        return bool(source.guard_source.is_unspecialized_nn_module())
+    except AttributeError:
+        return isinstance(value, torch.nn.Parameter)
+
+
+def _name(target) -> str:
+    return target if isinstance(target, str) else getattr(target, "__name__", "")
+
+
+def _mutated(node: fx.Node) -> bool:
+    """Whether the graph writes to this value (in place, through a view, or as batch-norm statistics)."""
+    pending, seen = [node], set()
+    while pending:
+        current = pending.pop()
+        for user in current.users:
+            name = _name(user.target)
+            if (name.endswith("_") and not name.endswith("__")) or name in ("setitem", "__setitem__") \
+                    or "out" in user.kwargs:
+                return True
+            if user.target is F.batch_norm and _arg(user, 5, "training", False):
+                return True
+            if name in _ALIASING and user.args and user.args[0] is current and user not in seen:
+                seen.add(user)
+                pending.append(user)
+    return False
+
+
+def lift_constants(gm: fx.GraphModule, example_inputs, enabled: bool = True) -> tuple[fx.GraphModule, list[int]]:
+    """A copy of `gm` whose module parameters/buffers are constants (get_attr) instead of inputs
+    (unless not `enabled`: then an unchanged copy).
+
+    Returns the copy and the positions of the inputs it still takes. Inductor's freezing only folds
+    constants; dynamo makes weights constants only when freezing is on globally while it traces, so the
+    backend does it here instead. Dynamo's own graph is left as it is: its placeholders decide the
+    arguments the compiled function is called with.
+    """
+    graph = copy.deepcopy(gm.graph)
+    lifted = fx.GraphModule(gm, graph)
+    keep = []
+    for i, (node, value) in enumerate(zip(list(graph.find_nodes(op="placeholder")), example_inputs)):
+        if enabled and _is_module_state(node, value) and not _mutated(node):
+            const = _add_constant(lifted, value.detach(), node.name)
+            if "example_value" in node.meta:
+                const.meta["example_value"] = node.meta["example_value"]
+            node.replace_all_uses_with(const)
+            graph.erase_node(node)
+        else:
+            keep.append(i)
+    lifted.recompile()
+    return lifted, keep
+
+
+# -- AIO_MERGE_LINEAR ------------------------------------------------------------------------------------
+
+def _linear_args(node):
+    return _arg(node, 0, "input"), _arg(node, 1, "weight"), _arg(node, 2, "bias")
+
+
+def merge_linears(gm: fx.GraphModule) -> dict:
+    """Linears reading the same input with constant weights become one linear over the concatenated
+    weights (missing biases as zeros), split back into the original outputs."""
+    groups = defaultdict(list)
+    for node in gm.graph.nodes:
+        if op_kind(node) != "Linear":
+            continue
+        x, w, b = _linear_args(node)
+        weight, bias = _constant(gm, w), _constant(gm, b)
+        if weight is None or weight.dim() != 2 or (b is not None and bias is None):
+            continue
+        groups[(x, weight.dtype, weight.device)].append(node)
+    merged_groups = merged = 0
+    for (x, dtype, device), nodes in groups.items():
+        if len(nodes) < 2:
+            continue
+        weights = [_constant(gm, _linear_args(n)[1]) for n in nodes]
+        biases = [_constant(gm, _linear_args(n)[2]) for n in nodes]
+        sizes = [w.shape[0] for w in weights]
+        w_node = _add_constant(gm, torch.cat(weights).detach(), "merged_weight")
+        b_node = None
+        if any(b is not None for b in biases):
+            full = [b if b is not None else torch.zeros(size, dtype=dtype, device=device)
+                    for b, size in zip(biases, sizes)]
+            b_node = _add_constant(gm, torch.cat(full).detach(), "merged_bias")
+        with gm.graph.inserting_before(nodes[0]):
+            joint = gm.graph.call_function(F.linear, (x, w_node, b_node))
+            parts = gm.graph.call_function(torch.split, (joint, sizes, -1))
+            outs = [gm.graph.call_function(operator.getitem, (parts, i)) for i in range(len(nodes))]
+        for node, out in zip(nodes, outs):
+            out.meta.update(node.meta)
+            for user in list(node.users):
+                # A slice of the joint output has a wider row stride: reshape works wherever view did.
+                if user.op == "call_method" and user.target == "view":
+                    user.target = "reshape"
+            _replace(node, out)
+        merged_groups += 1
+        merged += len(nodes)
+    _drop_unused_constants(gm)
+    return {"groups": merged_groups, "linears_merged": merged}
+
+
+# -- AIO_IMPLICIT_FP16_TRANSFORM_FILTER ------------------------------------------------------------------
+
+# (position, keyword) of the floating-point tensor arguments of each kind.
+_FLOAT_ARGS = {"Linear": ((0, "input"), (1, "weight"), (2, "bias")),
+               "Conv2d": ((0, "input"), (1, "weight"), (2, "bias")),
+               "MatMul": ((0, "input"), (1, "other"))}
+
+
+def _cast(gm: fx.GraphModule, arg, dtype, before: fx.Node):
+    """`arg` in `dtype`: a new constant for constants, a cast at run time otherwise."""
+    const = _constant(gm, arg)
+    if const is not None:
+        return _add_constant(gm, const.to(dtype), f"{arg.target}_{str(dtype).split('.')[-1]}")
+    with gm.graph.inserting_before(before):
+        return gm.graph.call_method("to", (arg, dtype))
+
+
+def reduce_precision(gm: fx.GraphModule, kinds, dtype) -> dict:
+    """fp32 ops of `kinds` compute in `dtype`: inputs cast down, the result cast back to fp32."""
+    converted = Counter()
+    for node in list(gm.graph.nodes):
+        kind = op_kind(node)
+        if kind not in kinds or kind not in _FLOAT_ARGS:
+            continue
+        args = [(i, key, _arg(node, i, key)) for i, key in _FLOAT_ARGS[kind]]
+        if any(isinstance(a, fx.Node) and _dtype(gm, a) not in (torch.float32, None) for _, _, a in args) \
+                or _dtype(gm, args[1][2]) != torch.float32:
+            continue          # only fp32 ops; int8 ones and already reduced ones stay as they are
+        for i, key, arg in args:
+            if isinstance(arg, fx.Node):
+                _set_arg(node, i, key, _cast(gm, arg, dtype, node))
+        with gm.graph.inserting_after(node):
+            back = gm.graph.call_method("to", (node, torch.float32))
+        node.replace_all_uses_with(back, delete_user_cb=lambda user, back=back: user is not back)
+        converted[kind] += 1
+    _drop_unused_constants(gm)
+    return {"dtype": str(dtype).split(".")[-1], "converted": dict(converted)}
+
+
+# -- AIO_QUANTIZE_INT8_FILTER ----------------------------------------------------------------------------
+
+def _quantized_decomposed():
+    import torch.ao.quantization.fx._decomposed  # defines torch.ops.quantized_decomposed
+
+    return torch.ops.quantized_decomposed
+
+
+def _int8_linear(gm: fx.GraphModule, node: fx.Node, x, weight: torch.Tensor, bias, out_dtype, act_max: int) -> str:
+    """Replace `node` (x @ weight.T + bias) with dynamic int8: the activation quantized per tensor at
+    run time (unsigned, asymmetric, 0..act_max), the weight per output channel now. Written as
+    quantize/dequantize around an fp32 linear: the form inductor's oneDNN passes lower to one int8 GEMM
+    (onednn.qlinear_pointwise)."""
+    qd = _quantized_decomposed()
+    w = weight.detach().float().contiguous()
+    scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)
+    qweight = torch.round(w / scale[:, None]).clamp(-128, 127).to(torch.int8)
+    g = gm.graph
+    qw, sw = _add_constant(gm, qweight, "int8_weight"), _add_constant(gm, scale, "int8_scale")
+    zw = _add_constant(gm, torch.zeros_like(scale, dtype=torch.int64), "int8_zero_point")
+    b32 = _add_constant(gm, bias.detach().float(), "int8_bias") if bias is not None else None
+    with g.inserting_before(node):
+        if weight.dtype != torch.float32:
+            x = g.call_method("to", (x, torch.float32))
+        qparams = g.call_function(qd.choose_qparams.tensor, (x, 0, act_max, torch.finfo(torch.float32).eps, torch.uint8))
+        uint8 = (0, act_max, torch.uint8)
+        s, z = (g.call_function(operator.getitem, (qparams, i)) for i in (0, 1))
+        xq = g.call_function(qd.quantize_per_tensor.tensor, (x, s, z, *uint8))
+        xdq = g.call_function(qd.dequantize_per_tensor.tensor, (xq, s, z, *uint8))
+        wdq = g.call_function(qd.dequantize_per_channel.default, (qw, sw, zw, 0, *_INT8))
+        out = g.call_function(F.linear, (xdq, wdq, b32))
+        if out_dtype != torch.float32:
+            out = g.call_method("to", (out, out_dtype))
+        if out_dtype != weight.dtype:      # the rest of the graph expects the op's own dtype
+            out = g.call_method("to", (out, weight.dtype))
+    _replace(node, out)
+    return "Linear"
+
+
+def _int8_embedding_bag(gm: fx.GraphModule, node: fx.Node, weight: torch.Tensor, out_dtype) -> str | None:
+    """Sum/mean bags over 8-bit row-wise quantized rows (fbgemm's embedding_bag_byte kernels)."""
+    indices, offsets = _arg(node, 0, "input"), _arg(node, 2, "offsets")
+    mode, psw = _arg(node, 6, "mode", "mean"), _arg(node, 8, "per_sample_weights")
+    last = _arg(node, 9, "include_last_offset", False)
+    shape = _shape(indices)
+    if shape is not None and not all(isinstance(d, int) for d in shape):
+        shape = None               # symbolic sizes: leave the op alone
+    if mode not in ("sum", "mean") or (mode == "mean" and psw is not None) or shape is None \
+            or _arg(node, 3, "max_norm") is not None or _arg(node, 10, "padding_idx") is not None \
+            or (offsets is None) != (len(shape) == 2):
+        return None
+    packed = _add_constant(gm, torch.ops.quantized.embedding_bag_byte_prepack(weight.detach().float()),
+                           "int8_embedding")
+    g = gm.graph
+    with g.inserting_before(node):
+        if offsets is None:        # fixed-size bags (B, L): flatten, one offset per row
+            rows, width = shape
+            offsets = g.call_function(torch.arange, (0, rows * width, width))
+            indices = g.call_method("reshape", (indices, -1))
+        out = g.call_function(torch.ops.quantized.embedding_bag_byte_rowwise_offsets,
+                              (packed, indices, offsets, False, 0, False, psw, None, last))
+        if mode == "mean":         # the kernel sums; divide by the bag sizes (empty bags stay 0)
+            ends = offsets if last else g.call_function(
+                torch.cat, ([offsets, g.call_method("new_full", (offsets, (1,), g.call_method("numel", (indices,))))],))
+            counts = g.call_method("clamp", (g.call_function(torch.diff, (ends,)),), {"min": 1})
+            out = g.call_function(operator.truediv, (out, g.call_method("unsqueeze", (counts, 1))))
+        if out_dtype != torch.float32:
+            out = g.call_method("to", (out, out_dtype))
+        if out_dtype != weight.dtype:
+            out = g.call_method("to", (out, weight.dtype))
+    _replace(node, out)
+    return "EmbeddingBag"
+
+
+def quantize_int8(gm: fx.GraphModule, kinds, out_dtype, act_max: int = 255) -> dict:
+    """Ops of `kinds` with constant weights run in int8; results come out in `out_dtype`.
+
+    A matmul of two run-time values has no int8 kernel here and is left in floating point (counted
+    as skipped), as are ops whose weights are not constants.
+    """
+    quantized, skipped = Counter(), Counter()
+    for node in list(gm.graph.nodes):
+        kind = op_kind(node)
+        if kind not in kinds:
+            continue
+        done = None
+        if kind == "Linear":
+            x, w, b = _linear_args(node)
+            weight, bias = _constant(gm, w), _constant(gm, b)
+            if weight is not None and weight.dim() == 2 and weight.is_floating_point() \
+                    and (b is None or bias is not None):
+                done = _int8_linear(gm, node, x, weight, bias, out_dtype, act_max)
+        elif kind == "MatMul":
+            other = _constant(gm, _arg(node, 1, "other"))
+            if other is not None and other.dim() == 2 and other.is_floating_point():
+                done = _int8_linear(gm, node, _arg(node, 0, "input"), other.t(), None, out_dtype, act_max)
+        elif kind == "EmbeddingBag":
+            weight = _constant(gm, _arg(node, 1, "weight"))
+            if weight is not None and weight.is_floating_point():
+                done = _int8_embedding_bag(gm, node, weight, out_dtype)
+        if done:
+            quantized[kind] += 1
+        else:
+            skipped[kind] += 1
+    _drop_unused_constants(gm)
+    return {"quantized": dict(quantized), "skipped": dict(skipped)}
