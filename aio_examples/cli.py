@@ -100,6 +100,10 @@ def do_run(model: str, args) -> int:
     spec = get_model(model)
     shape = spec.shape(input_size=args.input_size, seq_len=args.seq_len, new_tokens=args.new_tokens)
     backends = _backends(args.backend)
+    if "aio" in backends:
+        from .aio_compile import resolve_options
+
+        resolve_options()       # invalid AIO_* values: one line now, not after building the model
     out_dir = check_output_dir(args.output)
 
     from .results import format_table

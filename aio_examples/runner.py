@@ -174,8 +174,13 @@ def _prepare(cand: _Candidate, req: RunRequest, module, inputs, ctx: PrepareCont
             one_pass = req.spec.make_pass(prepared, req.shape)
             if prepared.compiles_on_first_call:
                 first_output = one_pass()      # compilation happens here, so it counts as preparation
+    except UsageError:
+        raise          # bad settings (e.g. an invalid AIO_* value) stop the run with their one-line message
     except Exception as exc:  # noqa: BLE001  (a backend that cannot take a model is a result, not a crash)
-        result.status, result.reason = _classify(exc)
+        inner = getattr(exc, "inner_exception", None)     # torch.compile wraps a backend's errors
+        if isinstance(inner, UsageError):
+            raise inner from None
+        result.status, result.reason = _classify(inner or exc)
         logger.debug("preparing %s failed", cand.backend, exc_info=True)
         return
     result.prepare_s = round(time.perf_counter() - start, 3)

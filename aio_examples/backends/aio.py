@@ -67,6 +67,8 @@ class AioBackend(Backend):
                     with torch.no_grad():
                         one_pass()
                 prepared[strategy] = (p, one_pass)
+            except UsageError:
+                raise
             except Exception as exc:  # noqa: BLE001  (a strategy that cannot take the model is simply not chosen)
                 refused[strategy] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
                 logger.debug("aio strategy %s refused", strategy, exc_info=True)
@@ -108,35 +110,47 @@ def _prepare_strategy(strategy, model, example_inputs, precision, threads, ctx) 
 
 def _compiled(model, example_inputs, precision, threads, ctx) -> Prepared:
     """torch.compile(backend="aio") with the precision's implicit mode, channels-last for conv nets."""
-    import torch
-
     from .. import aio_compile
     from .. import precision as prec
+    from ..quantize import is_conv_net
 
     options = {"modelname": ctx.model_name, "threads": threads}
+    inputs, mode = example_inputs, "native"
     if precision == "bf16":
         model, inputs, mode = prec.cast(model, example_inputs, "bf16")
-    else:
-        inputs, mode = example_inputs, "native"
-        if precision == "fp16":
-            options["implicit_fp16_filter"] = os.environ.get("AIO_IMPLICIT_FP16_TRANSFORM_FILTER") or ".*"
-        elif precision == "int8":
-            options["quantize_int8_filter"] = os.environ.get("AIO_QUANTIZE_INT8_FILTER") or ".*"
+    elif precision == "fp16":
+        options["implicit_fp16_filter"] = os.environ.get("AIO_IMPLICIT_FP16_TRANSFORM_FILTER") or ".*"
+    elif precision == "int8":
+        if is_conv_net(model):
+            raise UnsupportedError("the implicit int8 kinds (FullyConnected, Matmul, EmbeddingBag) leave a conv "
+                                   "net's convolutions in fp32")
+        options["quantize_int8_filter"] = os.environ.get("AIO_QUANTIZE_INT8_FILTER") or ".*"
+    aio_compile.resolve_options(options)          # bad AIO_* values stop here, before compiling
+    provider = aio_compile.register()
     model, inputs = aio_compile.prepare_module(model, inputs)
-    aio_compile.register()
-    compiled = torch.compile(model, backend="aio", options=options)
-    report_holder = {}
+    import torch
 
-    def run(*args):
+    compiled = torch.compile(model, backend="aio", options=options)
+    info = {"provider": provider, "options": options, "passes": {}}
+
+    def first_call(*args):
+        """Compile, then say what the passes did, and refuse a label the graph does not honour."""
         out = compiled(*args)
-        if not report_holder:
-            report_holder.update(aio_compile.last_report(ctx.model_name) or {})
+        report = aio_compile.last_report(ctx.model_name) or {}
+        info["passes"] = report
+        if precision == "fp16":
+            dtype = (report.get("implicit_fp16") or {}).get("dtype")
+            if dtype not in (None, "float16", "fp16", "torch.float16"):
+                raise UnsupportedError(f"implicit reduced precision runs {dtype} on this CPU, not fp16")
+        int8 = report.get("quantize_int8") or {}
+        if precision == "int8" and not (int8.get("quantized") or int8.get("onednn_int8_linears")):
+            raise UnsupportedError("no op of this model was quantized by the implicit int8 pass")
+        prepared.fn = compiled
         return out
 
-    info = {"provider": aio_compile.provider(), "options": options, "passes": report_holder}
-    if precision in ("fp16", "int8"):
-        mode = f"implicit-{precision}"
-    return Prepared(run, inputs, mode, info, compiles_on_first_call=True)
+    prepared = Prepared(first_call, inputs, f"implicit-{precision}" if precision in ("fp16", "int8") else mode,
+                        info, compiles_on_first_call=True)
+    return prepared
 
 
 def _cpu() -> str:
