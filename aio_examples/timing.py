@@ -151,7 +151,7 @@ class Measurement:
 
 
 def measure(measurements: list[Measurement], round_s: float = 1.0, on_error=None) -> None:
-    """Measure several pass functions in interleaved rounds (A B C A B C ...) so drift hits all alike.
+    """Measure several pass functions in interleaved rounds (A B C B C A ...) so drift hits all alike.
 
     A single measurement simply runs to its end. A pass that raises ends that measurement only:
     `on_error(measurement, exc)` is told, the others go on.
@@ -169,7 +169,11 @@ def measure(measurements: list[Measurement], round_s: float = 1.0, on_error=None
         if m.first_pass_ms is None:
             guarded(m, m.warm_up)
     seconds = float("inf") if len(measurements) == 1 else round_s
+    start = 0
     while not all(m.done for m in measurements):
-        for m in measurements:
+        # Rotate the order every round (A B C, B C A, C A B, ...): a runtime's threads may keep spinning
+        # briefly after its round, and no backend should always follow the same neighbour.
+        for m in measurements[start:] + measurements[:start]:
             if not m.done:
                 guarded(m, functools.partial(m.run_for, seconds))
+        start = (start + 1) % len(measurements)

@@ -126,6 +126,15 @@ def test_interleaved_rounds_alternate_between_measurements(clock):
     assert len(a.samples_ns) == len(b.samples_ns) == 30
 
 
+def test_round_order_rotates_so_no_backend_always_follows_the_same_one(clock):
+    log = []
+    ms = [Measurement(passes(clock, [100] * 10_000, log, name), StopRule(num_runs=30)) for name in "abc"]
+    measure(ms, round_s=0.5)
+    measured = log[-90:]
+    rounds = [x for i, x in enumerate(measured) if i == 0 or measured[i - 1] != x]
+    assert rounds[:9] == list("abcbcacab")
+
+
 def test_a_failing_pass_ends_only_its_own_measurement(clock):
     def broken():
         raise RuntimeError("boom")
