@@ -40,3 +40,9 @@ def cast(model, inputs, precision: str):
     if precision == "fp32":
         return model, inputs, "native"
     return model.to(to), cast_tree(inputs, to), "cast"
+
+
+def kernel_gap(exc: BaseException) -> str | None:
+    """The line naming a missing kernel (`"nms_kernel" not implemented for 'Half'`) anywhere in an error's
+    text: TorchScript and dynamo wrap it under a generic first line."""
+    return next((line.strip() for line in str(exc).splitlines() if "not implemented for" in line), None)

@@ -1,6 +1,7 @@
 """PyTorch eager mode: the reference every speedup is measured against."""
 
 from .. import precision as prec
+from .. import quantize
 from .base import Backend, Prepared
 
 
@@ -9,5 +10,8 @@ class EagerBackend(Backend):
     description = "PyTorch eager mode"
 
     def prepare(self, model, example_inputs, precision, threads, ctx):
+        if precision == "int8":
+            model, mode, info = quantize.eager_int8(model, example_inputs)
+            return Prepared(model, example_inputs, mode, info)
         model, inputs, mode = prec.cast(model, example_inputs, precision)
         return Prepared(model, inputs, mode)

@@ -1,6 +1,7 @@
 """torch.compile with inductor, freezing on, threads fixed at compile time."""
 
 from .. import precision as prec
+from .. import quantize
 from .base import Backend, Prepared
 
 
@@ -12,10 +13,17 @@ class InductorBackend(Backend):
         import torch
         import torch._inductor.config as inductor_config
 
-        model, inputs, mode = prec.cast(model, example_inputs, precision)
         # Inductor bakes the thread count into its generated kernels: set it before compiling.
         inductor_config.cpp.threads = threads
-        inductor_config.freezing = True
+        inductor_config.freezing = True    # int8 lowering (weight prepacking) happens in freezing passes
+        info = {"freezing": True, "cpp_threads": threads}
+        if precision == "int8":
+            calibration = ctx.calibration_inputs(example_inputs, quantize.CALIBRATION_BATCHES)
+            graph, mode, qinfo = quantize.inductor_int8(model, example_inputs, calibration)
+            compiled = torch.compile(graph, backend="inductor")
+            # Compile now, to prove from the generated code that int8 kernels run.
+            qinfo["int8_kernels"] = quantize.lowered_int8_kernels(compiled, example_inputs)
+            return Prepared(compiled, example_inputs, mode, {**qinfo, **info})
+        model, inputs, mode = prec.cast(model, example_inputs, precision)
         compiled = torch.compile(model, backend="inductor")
-        return Prepared(compiled, inputs, mode, {"freezing": True, "cpp_threads": threads},
-                        compiles_on_first_call=True)
+        return Prepared(compiled, inputs, mode, info, compiles_on_first_call=True)

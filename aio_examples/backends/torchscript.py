@@ -1,6 +1,8 @@
 """TorchScript: trace (or script, where the model needs it), freeze, optimize for inference."""
 
 from .. import precision as prec
+from .. import quantize
+from ..errors import UnsupportedError
 from .base import Backend, Prepared
 
 
@@ -11,10 +13,27 @@ class TorchScriptBackend(Backend):
     def prepare(self, model, example_inputs, precision, threads, ctx):
         import torch
 
-        model, inputs, mode = prec.cast(model, example_inputs, precision)
+        if precision == "int8":   # quantize first: the trace then records the int8 Linear kernels
+            model, mode, info = quantize.eager_int8(model, example_inputs)
+            inputs = example_inputs
+        else:
+            model, inputs, mode = prec.cast(model, example_inputs, precision)
+            info = {}
         how = getattr(model, "jit_mode", "trace")
+        # optimize_for_inference turns Linear into matmul on a transposed weight, which has no fast fp16
+        # CPU kernel (bert_base ran about 20x slower than without it): fp16 stops at freezing.
+        optimize = precision != "fp16"
         with torch.no_grad():
             scripted = torch.jit.script(model) if how == "script" else torch.jit.trace(model, inputs, strict=False)
             frozen = torch.jit.freeze(scripted.eval())
-            optimized = torch.jit.optimize_for_inference(frozen)
-        return Prepared(optimized, inputs, mode, {"jit": how, "frozen": True, "optimize_for_inference": True})
+            optimized = torch.jit.optimize_for_inference(frozen) if optimize else frozen
+            try:   # the interpreter specializes the graph on its first pass; a missing kernel shows up here
+                optimized(*inputs)
+            except Exception as exc:
+                gap = prec.kernel_gap(exc)
+                if gap:
+                    raise UnsupportedError(f"{precision} on torchscript: {gap}") from None
+                raise
+        if precision == "int8":
+            info["int8_kernels"] = quantize.torchscript_int8_kernels(optimized)
+        return Prepared(optimized, inputs, mode, {**info, "jit": how, "frozen": True, "optimize_for_inference": optimize})
