@@ -36,4 +36,6 @@ def configure(mode: int | None = None) -> int:
         # Libraries warn about tracing and config details the user did not choose; show them from 3 on.
         warnings.simplefilter("ignore")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        # torchao (imported by transformers when installed) logs that its CUDA-only kernels are missing.
+        logging.getLogger("torchao").setLevel(logging.ERROR)
     return mode

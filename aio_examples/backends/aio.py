@@ -121,7 +121,7 @@ def _compiled(model, example_inputs, precision, threads, ctx) -> Prepared:
     elif precision == "fp16":
         options["implicit_fp16_filter"] = os.environ.get("AIO_IMPLICIT_FP16_TRANSFORM_FILTER") or ".*"
     elif precision == "int8":
-        if is_conv_net(model):
+        if is_conv_net(model, example_inputs):
             raise UnsupportedError("the implicit int8 kinds (FullyConnected, Matmul, EmbeddingBag) leave a conv "
                                    "net's convolutions in fp32")
         options["quantize_int8_filter"] = os.environ.get("AIO_QUANTIZE_INT8_FILTER") or ".*"

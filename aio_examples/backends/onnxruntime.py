@@ -166,7 +166,7 @@ def _int8_scheme(model, example_inputs, ctx) -> tuple[dict, list]:
     # saturate unless the CPU has VNNI: 7-bit weights keep them in range (ORT's advice for such CPUs).
     isa = capture()["isa"]
     reduce_range = platform.machine() in ("x86_64", "AMD64") and not any("vnni" in f or "amx" in f for f in isa)
-    if not is_conv_net(model):
+    if not is_conv_net(model, example_inputs):
         return {"scheme": "int8-dynamic", "format": "QOperator", "per_channel": False, "weights": "QInt8",
                 "activations": "QUInt8, quantized per call", "reduce_range": reduce_range,
                 "op_types": ["MatMul", "Attention"]}, []

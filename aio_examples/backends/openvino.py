@@ -198,7 +198,7 @@ def _quantized(model, fp32_xml: Path, example_inputs, ctx, key: dict) -> tuple[P
 
     samples = [tuple(t.detach().numpy() for t in s)
                for s in ctx.calibration_inputs(example_inputs, _CALIBRATION_SAMPLES)]
-    model_type = None if is_conv_net(model) else nncf.ModelType.TRANSFORMER
+    model_type = None if is_conv_net(model, example_inputs) else nncf.ModelType.TRANSFORMER
     scheme = (f"nncf {nncf.__version__} post-training quantization, preset performance (symmetric), "
               f"model type {'transformer' if model_type else 'default'}, {len(samples)} calibration samples")
     digest = hashlib.sha256()
