@@ -122,8 +122,13 @@ def _compiled(model, example_inputs, precision, threads, ctx) -> Prepared:
         options["implicit_fp16_filter"] = os.environ.get("AIO_IMPLICIT_FP16_TRANSFORM_FILTER") or ".*"
     elif precision == "int8":
         if is_conv_net(model, example_inputs):
-            raise UnsupportedError("the implicit int8 kinds (FullyConnected, Matmul, EmbeddingBag) leave a conv "
-                                   "net's convolutions in fp32")
+            # The implicit int8 kinds (FullyConnected, Matmul, EmbeddingBag) would leave the convolutions in
+            # fp32: conv nets take static PT2E int8 lowered by inductor instead.
+            from . import BACKENDS
+
+            prepared = BACKENDS["inductor"].prepare(model, example_inputs, precision, threads, ctx)
+            prepared.info["int8_path"] = "PT2E static int8 lowered by inductor (conv net)"
+            return prepared
         options["quantize_int8_filter"] = os.environ.get("AIO_QUANTIZE_INT8_FILTER") or ".*"
     aio_compile.resolve_options(options)          # bad AIO_* values stop here, before compiling
     provider = aio_compile.register()
