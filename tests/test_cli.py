@@ -7,6 +7,8 @@ import pandas as pd
 import pytest
 from conftest import ROOT, run_cli
 
+from aio_examples.results import SCHEMA_VERSION
+
 RESNET18 = ROOT / "classification" / "resnet_18"
 QUICK = ["--input-size", "64", "--timeout", "1", "-t", "1"]
 
@@ -19,7 +21,7 @@ def test_run_py_writes_a_complete_record(tmp_path):
     records = pd.read_json(out / "results.jsonl", lines=True)
     assert len(records) == 1
     r = json.loads((out / "results.jsonl").read_text().splitlines()[0])
-    assert r["schema_version"] == "1.0"
+    assert r["schema_version"] == SCHEMA_VERSION
     assert (r["model"], r["task"], r["backend"], r["precision"], r["status"]) == (
         "resnet_18", "image-classification", "eager", "fp32", "ok")
     assert r["batch_size"] == 1 and r["threads"] == 1 and r["input_shape"]["input_size"] == 64
@@ -30,6 +32,8 @@ def test_run_py_writes_a_complete_record(tmp_path):
     assert r["throughput"]["unit"] == "images/s" and r["throughput"]["value"] > 0
     assert r["first_pass_ms"] > 0 and r["prepare_s"] >= 0 and r["peak_rss_mb"] > 0
     assert r["binding"]["threads_in_effect"] == 1 and r["binding"]["affinity"]
+    assert 0 < r["binding"]["observed_cores"] < 1.35           # one thread keeps at most one core busy
+    assert r["check"]["passed"] and r["check"]["cosine"] > 0.9999 and r["strategy"] == "eager"
     env = r["env"]
     for key in ("cpu_model", "isa", "logical_cpus", "numa_nodes", "kernel", "python", "versions", "hostname",
                 "env_vars", "torchvision_ops"):
