@@ -46,7 +46,9 @@ def test_model_builds_and_runs_one_eager_pass(name):
     elif spec.task == "question-answering":
         assert [t.shape for t in out] == [(2, 16), (2, 16)]
     elif spec.task == "text-generation":
-        assert out.shape == (2, 2)
+        tokens, first_logits = out          # generated tokens, and the prompt's next-token logits
+        assert tokens.shape == (2, 2) and first_logits.shape == (2, module.model.config.vocab_size)
+        assert torch.equal(tokens[:, 0], first_logits.argmax(-1))
     else:
         assert out[0].shape[0] == 2
     assert spec.task_size(2, shape) == (4 if spec.task == "text-generation" else 2)
