@@ -6,6 +6,7 @@ a `failed`/`timeout` record with the signal and the last stderr line. Cells alre
 are skipped, so an interrupted matrix resumes. The Markdown rendering goes into the README.
 """
 
+import re
 from pathlib import Path
 
 from . import results as res
@@ -83,7 +84,9 @@ def render(out_dir: Path, models, backends, precisions) -> str:
                     continue
                 mark = MARKS.get(r["status"], r["status"])
                 if r["status"] != "ok" and r.get("reason"):
-                    number = notes.setdefault(r["reason"], len(notes) + 1)
+                    # Node names differ from model to model; the reason does not.
+                    reason = re.sub(r" in node \([^)]*\)", "", r["reason"])
+                    number = notes.setdefault(reason, len(notes) + 1)
                     mark += f" [{number}]"
                 elif r["status"] == "ok" and r.get("strategy") and r["strategy"] != backend:
                     mark += f" ({r['strategy']})"
@@ -94,7 +97,12 @@ def render(out_dir: Path, models, backends, precisions) -> str:
               "strategy it chose is in brackets); `n/a`: unsupported, for the reason given; "
               "`FAIL acc`: runs but its outputs are outside the tolerance; `-`: not run.")
     reasons = "\n".join(f"{n}. {reason}" for reason, n in notes.items())
-    return "\n\n".join(parts) + "\n\n" + legend + ("\n\n" + reasons if reasons else "") + "\n"
+    env = next((r["env"] for r in cells.values() if r.get("env")), {})
+    versions = env.get("versions") or {}
+    machine = (f"Measured on {env.get('cpu_model', 'an unknown CPU')} "
+               f"(ISA: {', '.join(i for i in env.get('isa', []) if i.startswith(('avx512', 'amx')) or i == 'avx2')}) with "
+               + ", ".join(f"{k} {v}" for k, v in versions.items() if v) + ".\n\n") if env else ""
+    return machine + "\n\n".join(parts) + "\n\n" + legend + ("\n\n" + reasons if reasons else "") + "\n"
 
 
 def update_readme(readme: Path, table: str) -> None:
