@@ -7,7 +7,6 @@ import copy
 import io
 import json
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -16,32 +15,17 @@ from pathlib import Path
 
 from . import precision as prec
 from .artifacts import artifact_dir, describe_inputs
-from .errors import UnsupportedError
+from .errors import UnsupportedError, short_error
 from .log import logger
 
 MODEL_FILE = "model.onnx"
 TORCHSCRIPT_OPSET = 17
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _PROTOBUF_LIMIT = 2 * 1024**3 - 64 * 1024**2   # a single ONNX file holds < 2 GiB; keep a margin for the graph
 
 
 def input_names(example_inputs) -> list[str]:
     """Graph input names, by position: `input0..N`."""
     return [f"input{i}" for i in range(len(example_inputs))]
-
-
-def short_error(exc: BaseException, limit: int = 300) -> str:
-    """`Type: first line` of an error, or `Type <- RootType: first line` of its root cause when it wraps one
-    (the exporters wrap the error that says what went wrong)."""
-    def first_line(e):
-        text = _ANSI.sub("", str(e)).strip()
-        return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
-
-    root = exc
-    while root.__cause__ is not None:
-        root = root.__cause__
-    text = first_line(exc) if root is exc else f"{type(exc).__name__} <- {first_line(root)}"
-    return text[:limit]
 
 
 @contextmanager

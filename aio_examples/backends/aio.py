@@ -13,7 +13,7 @@ import json
 import os
 import platform
 
-from ..errors import UnsupportedError, UsageError
+from ..errors import UnsupportedError, UsageError, short_error
 from ..log import logger
 from .base import Backend, Prepared
 
@@ -36,9 +36,12 @@ class AioBackend(Backend):
 
     def prepare(self, model, example_inputs, precision, threads, ctx):
         from ..artifacts import describe_inputs
+        from ..environment import capture
 
+        env = capture({})
         key = {"inputs": describe_inputs(example_inputs), "precision": precision, "threads": threads,
-               "cpu": _cpu(), "versions": _versions()}
+               "cpu": f"{env.get('cpu_model')}|{platform.machine()}|{','.join(env.get('isa') or [])}",
+               "versions": env["versions"]}
         decision_file = _decision_file(ctx.model_name, key)
         cached = _load_decision(decision_file)
         if cached and cached["strategy"] in STRATEGIES:
@@ -70,7 +73,7 @@ class AioBackend(Backend):
             except UsageError:
                 raise
             except Exception as exc:  # noqa: BLE001  (a strategy that cannot take the model is simply not chosen)
-                refused[strategy] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+                refused[strategy] = short_error(exc)
                 logger.debug("aio strategy %s refused", strategy, exc_info=True)
         if not prepared:
             raise UnsupportedError("no aio strategy runs this model at " + precision + ": "
@@ -156,19 +159,6 @@ def _compiled(model, example_inputs, precision, threads, ctx) -> Prepared:
     prepared = Prepared(first_call, inputs, f"implicit-{precision}" if precision in ("fp16", "int8") else mode,
                         info, compiles_on_first_call=True)
     return prepared
-
-
-def _cpu() -> str:
-    from ..environment import capture
-
-    env = capture({})
-    return f"{env.get('cpu_model')}|{platform.machine()}|{','.join(env.get('isa') or [])}"
-
-
-def _versions() -> dict:
-    from ..environment import PACKAGES, _version
-
-    return {p: _version(p) for p in PACKAGES}
 
 
 def _decision_file(model_name: str, key: dict):

@@ -17,9 +17,9 @@ from collections import Counter
 from pathlib import Path
 
 from ..artifacts import key
-from ..errors import UnsupportedError
+from ..errors import UnsupportedError, short_error
 from ..log import logger
-from ..onnx_export import atomic_files, export_onnx, input_names, short_error
+from ..onnx_export import atomic_files, export_onnx, input_names
 from .base import Backend, Prepared
 
 GENERATION_REASON = ("text generation steps a mutable static KV cache held by the torch model; "
