@@ -150,6 +150,9 @@ class Measurement:
         self.wall_ns += time.perf_counter_ns() - wall0
 
 
+ROUND_GAP_S = 0.05
+
+
 def measure(measurements: list[Measurement], round_s: float = 1.0, on_error=None) -> None:
     """Measure several pass functions in interleaved rounds (A B C B C A ...) so drift hits all alike.
 
@@ -171,9 +174,13 @@ def measure(measurements: list[Measurement], round_s: float = 1.0, on_error=None
     seconds = float("inf") if len(measurements) == 1 else round_s
     start = 0
     while not all(m.done for m in measurements):
-        # Rotate the order every round (A B C, B C A, C A B, ...): a runtime's threads may keep spinning
-        # briefly after its round, and no backend should always follow the same neighbour.
+        # Rotate the order every round (A B C, B C A, C A B, ...) so no backend always follows the same
+        # neighbour, and leave a short idle gap after each round: ONNX Runtime's and OpenVINO's worker
+        # threads keep spinning for a while after their last pass and would slow the next backend
+        # (measured here: OpenVINO mobilenet_v2 5.0 -> 5.2 ms right after ONNX Runtime rounds).
         for m in measurements[start:] + measurements[:start]:
             if not m.done:
                 guarded(m, functools.partial(m.run_for, seconds))
+                if len(measurements) > 1:
+                    time.sleep(ROUND_GAP_S)
         start = (start + 1) % len(measurements)

@@ -1,12 +1,15 @@
 """The optimized backend as run.py uses it: strategies, the cached tuning decision, AIO_PROCESS_MODE."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
 from conftest import ROOT, run_cli
 
 from aio_examples import benchmark
+from aio_examples.backends import aio
 
 
 class Mlp(torch.nn.Module):
@@ -18,7 +21,8 @@ class Mlp(torch.nn.Module):
         return self.q(x) * self.k(x) + self.v(x)
 
 
-def test_tuning_picks_a_strategy_once_and_reuses_the_cached_decision(tmp_path):
+def test_tuning_picks_a_strategy_once_and_reuses_the_cached_decision(tmp_path, monkeypatch):
+    monkeypatch.setattr(aio, "BUSY_LIMIT_CORES", float("inf"))      # whatever else the machine runs now
     torch.manual_seed(0)
     model = Mlp().eval()
     inputs = (torch.randn(4, 32),)
@@ -31,6 +35,26 @@ def test_tuning_picks_a_strategy_once_and_reuses_the_cached_decision(tmp_path):
     again = benchmark(model, example_inputs=inputs, backend="aio", threads=1, num_runs=3)
     assert again.status == "ok" and again.backend_info["tuning"]["cached"] and again.strategy == first.strategy
     assert again.check["passed"]
+
+
+def test_a_decision_tuned_while_another_process_holds_a_core_is_used_but_not_cached(tmp_path):
+    torch.manual_seed(1)
+    model = Mlp().eval()
+    inputs = (torch.randn(3, 32),)
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        r = benchmark(model, example_inputs=inputs, backend="aio", threads=1, num_runs=3)
+    finally:
+        hog.kill()
+    assert r.status == "ok", r.reason
+    tuning = r.backend_info["tuning"]
+    assert tuning["busy_elsewhere_cores"] > aio.BUSY_LIMIT_CORES and "not_saved" in tuning
+    assert not Path(tuning["file"]).exists()
+
+
+def test_busy_elsewhere_is_machine_cpu_minus_our_own_per_wall_second():
+    assert aio._busy_elsewhere((100.0, 10.0, 0.0), (104.0, 12.0, 2.0)) == 1.0
+    assert aio._busy_elsewhere((100.0, 10.0, 0.0), (101.0, 11.0, 2.0)) == 0.0
 
 
 def test_process_mode_0_falls_back_to_eager_and_says_so(tmp_path):

@@ -16,6 +16,7 @@ class FakeClock:
     def __init__(self):
         self.ns = 0
         self.cores = 1.0
+        self.slept = []
 
     def process_time_ns(self):
         return int(self.ns * self.cores)
@@ -25,6 +26,10 @@ class FakeClock:
 
     def perf_counter(self):
         return self.ns / 1e9
+
+    def sleep(self, seconds):
+        self.ns += int(seconds * 1e9)
+        self.slept.append(seconds)
 
 
 @pytest.fixture
@@ -133,6 +138,15 @@ def test_round_order_rotates_so_no_backend_always_follows_the_same_one(clock):
     measured = log[-90:]
     rounds = [x for i, x in enumerate(measured) if i == 0 or measured[i - 1] != x]
     assert rounds[:9] == list("abcbcacab")
+
+
+def test_interleaved_rounds_leave_an_idle_gap_but_a_lone_measurement_does_not(clock):
+    ms = [Measurement(passes(clock, [100] * 10_000), StopRule(num_runs=30)) for _ in range(2)]
+    measure(ms, round_s=0.5)
+    assert len(clock.slept) >= 2 * (30 // 5) and set(clock.slept) == {timing.ROUND_GAP_S}
+    clock.slept.clear()
+    measure([Measurement(passes(clock, [100] * 100), StopRule(num_runs=30))], round_s=0.5)
+    assert clock.slept == []
 
 
 def test_a_failing_pass_ends_only_its_own_measurement(clock):

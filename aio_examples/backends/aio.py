@@ -19,7 +19,8 @@ from .base import Backend, Prepared
 
 STRATEGIES = ("compiled", "onnxruntime", "openvino")
 TUNING_ROUND_S = 0.5
-TUNING_TIMEOUT_S = 4.0
+TUNING_TIMEOUT_S = 6.0
+BUSY_LIMIT_CORES = 0.3      # other processes' load above which a tuning decision is used but not cached
 
 
 def process_mode() -> bool:
@@ -80,19 +81,48 @@ class AioBackend(Backend):
                                    + "; ".join(f"{k}: {v}" for k, v in refused.items()))
         rule = StopRule(timeout_s=TUNING_TIMEOUT_S, min_time_s=1.0, min_runs=5, ci_target=0.02)
         measurements = {s: Measurement(one_pass, rule) for s, (_, one_pass) in prepared.items()}
+        before = _cpu_snapshot()
         if len(measurements) > 1:
             with torch.no_grad():
                 measure(list(measurements.values()), round_s=TUNING_ROUND_S, on_error=_drop)
+        busy = _busy_elsewhere(before, _cpu_snapshot())
         medians = {s: m.summary().median for s, m in measurements.items() if m.samples_ns and not m.error}
         best = min(medians, key=medians.get) if medians else next(iter(prepared))
         decision = {"strategy": best, "medians_ms": {s: round(v, 3) for s, v in medians.items()},
-                    "refused": refused}
-        _save_decision(decision_file, decision)
+                    "refused": refused, "busy_elsewhere_cores": round(busy, 2)}
+        tuning = {**decision, "cached": False, "file": str(decision_file)}
+        if len(measurements) > 1 and busy > BUSY_LIMIT_CORES:
+            # A decision taken while other processes held the cores would stick to every later run.
+            tuning["not_saved"] = (f"other processes kept {busy:.2f} cores busy while tuning "
+                                   f"(limit {BUSY_LIMIT_CORES}); the next run tunes again")
+            logger.warning("aio tuning: %s", tuning["not_saved"])
+        else:
+            _save_decision(decision_file, decision)
         logger.info("aio tuning chose %s (%s)", best, ", ".join(f"{s} {v:.2f} ms" for s, v in medians.items()))
         chosen = prepared[best][0]
-        chosen.info.update({"strategy": best, "tuning": {**decision, "cached": False, "file": str(decision_file)}})
+        chosen.info.update({"strategy": best, "tuning": tuning})
         chosen.compiles_on_first_call = False     # already compiled while tuning
         return chosen
+
+
+def _cpu_snapshot() -> tuple[float, float, float]:
+    """(machine busy CPU seconds, this process's CPU seconds, wall seconds)."""
+    import time
+
+    import psutil
+
+    machine = psutil.cpu_times()
+    own = psutil.Process().cpu_times()
+    return machine.user + machine.nice + machine.system + machine.irq + machine.softirq + getattr(
+        machine, "steal", 0.0), own.user + own.system, time.monotonic()
+
+
+def _busy_elsewhere(before, after) -> float:
+    """Average number of cores other processes kept busy between two snapshots."""
+    wall = after[2] - before[2]
+    if wall <= 0:
+        return 0.0
+    return max(0.0, ((after[0] - before[0]) - (after[1] - before[1])) / wall)
 
 
 def _drop(measurement, exc) -> None:
