@@ -6,6 +6,7 @@ Only this module turns errors into messages and exit codes (2 for bad input).
 import argparse
 import sys
 import traceback
+from pathlib import Path
 
 from .errors import AioError, UsageError
 from .log import configure
@@ -59,6 +60,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-oversubscribe", action="store_true",
                    help="allow more threads than CPUs available to this process")
     p.add_argument("--json", action="store_true", help="print the records as JSON lines instead of a table")
+    # Set by the sweep and throughput drivers for the processes they start.
+    p.add_argument("--point-id", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--instance", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--barrier", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--group", default=None, help=argparse.SUPPRESS)
 
 
 def _backends(arg: str | None) -> list[str]:
@@ -88,9 +94,11 @@ def _precisions(arg: str) -> list[str]:
 
 
 def do_run(model: str, args) -> int:
+    from .binding import apply_in_child
     from .results import check_output_dir
     from .threads import export_thread_env, resolve_threads
 
+    apply_in_child()                           # a driver's sched_setaffinity binding, before torch starts
     # Everything that can be checked without torch is checked first: bad input fails fast.
     precisions = _precisions(args.precision)
     choice = resolve_threads(args.threads, allow_oversubscribe=args.allow_oversubscribe)
@@ -110,8 +118,14 @@ def do_run(model: str, args) -> int:
     from .runner import RunRequest, run
     from .timing import StopRule
 
+    instance = None
+    if args.instance is not None:
+        from .instances import InstanceSync
+
+        instance = InstanceSync.parse(args.instance, args.barrier or ".", args.group or "")
     req = RunRequest(spec, backends, precisions, args.batch_size, choice, shape, args.weights, args.model_dir,
-                     StopRule(timeout_s=args.timeout, num_runs=args.num_runs))
+                     StopRule(timeout_s=args.timeout, num_runs=args.num_runs), instance=instance,
+                     point_id=args.point_id)
     compare = len(backends) > 1 or len(precisions) > 1
     results = run(req, out_dir, reference=compare)
     if args.json:
@@ -216,6 +230,77 @@ def do_matrix(args) -> int:
     return 0
 
 
+def _ints(flag: str):
+    def parse(text):
+        try:
+            values = [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            values = []
+        if not values or min(values) < 1:
+            raise argparse.ArgumentTypeError(f"{flag} {text!r} is invalid; accepted: a comma list of whole numbers >= 1")
+        return values
+    return parse
+
+
+def _list(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def do_sweep(args) -> int:
+    from .sweep import SweepConfig, run_sweep
+
+    shape = {k: v for k, v in (("input_size", args.input_size), ("seq_len", args.seq_len),
+                               ("new_tokens", args.new_tokens)) if v is not None}
+    overrides = {"models": args.models or None, "backends": args.backends, "precisions": args.precisions,
+                 "batch_sizes": args.batch_sizes, "threads": args.threads, "allocators": args.allocators,
+                 "timeout": args.timeout, "point_timeout": args.point_timeout, "output": args.output,
+                 "shape": shape or None}
+    if args.config:
+        cfg = SweepConfig.from_toml(args.config, overrides)
+    else:
+        cfg = SweepConfig(**{k: v for k, v in overrides.items() if v is not None})
+    summary = run_sweep(cfg, quiet=args.quiet)
+    print(summary.text(Path(cfg.output)))
+    if summary.interrupted:
+        raise KeyboardInterrupt
+    return 0
+
+
+def do_throughput(args) -> int:
+    from .allocators import validate as valid_allocator
+    from .backends import get_backend
+    from .instances import run_throughput
+    from .models import get_model
+    from .precision import validate
+    from .results import check_output_dir
+    from .topology import numa_cpus_from_env
+
+    get_model(args.model)
+    validate(args.precision)
+    get_backend(args.backend)
+    valid_allocator(args.allocator)
+    out = check_output_dir(args.output)
+    shape = {k: v for k, v in (("input_size", args.input_size), ("seq_len", args.seq_len)) if v is not None}
+    numa = numa_cpus_from_env()
+    records = run_throughput(args.model, args.backend, args.precision, args.batch_size, args.instances,
+                             args.threads_per_instance, args.timeout, out, shape, args.allocator, numa_cpus=numa)
+    agg = records[-1]
+    for r in records[:-1]:
+        i = r["instance"]
+        lat = r.get("latency_ms") or {}
+        print(f"instance {i['index']}: cores {i.get('cores')}, {r['status']}"
+              + (f", median {lat['median']:.2f} ms, {r['throughput']['value']:.2f} {r['throughput']['unit']}"
+                 if r["status"] == "ok" else f": {r['reason']}"))
+    if agg["status"] != "ok":
+        print(f"throughput: {agg['status']}: {agg['reason']}")
+        return 1
+    print(f"{args.model} {args.backend} {args.precision} b{args.batch_size}: {args.instances} instance(s) x "
+          f"{args.threads_per_instance} thread(s): {agg['throughput']['value']:.2f} {agg['throughput']['unit']} "
+          f"(sum over the {agg['instance']['window_s']:.1f} s all instances ran)")
+    print(f"records appended to {out / 'results.jsonl'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Benchmark CPU inference with PyTorch across backends and precisions.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -236,6 +321,38 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds per model x backend x precision before its process is killed")
     mx.add_argument("--render-only", action="store_true", help="only render the records already in --output")
     mx.add_argument("--readme", default=None, help="also replace the support matrix section of this README")
+    sw = sub.add_parser("sweep", help="every combination of the given axes, each point in its own bound process")
+    sw.add_argument("models", nargs="*", help="zoo names (or in --config)")
+    sw.add_argument("--config", default=None, help="a TOML file with the same keys (see sweeps/); flags override it")
+    sw.add_argument("--backends", type=_list, default=None, help="comma list (default aio)")
+    sw.add_argument("--precisions", type=_list, default=None, help="comma list (default fp32)")
+    sw.add_argument("--batch-sizes", type=_ints("--batch-sizes"), default=None, help="comma list (default 1)")
+    sw.add_argument("--threads", type=_ints("--threads"), default=None,
+                    help="comma list (default: powers of two up to the physical cores, plus that)")
+    sw.add_argument("--allocators", type=_list, default=None,
+                    help="comma list of default, tcmalloc, jemalloc, hugetlb (default: default)")
+    sw.add_argument("--input-size", type=_positive("--input-size"), default=None)
+    sw.add_argument("--seq-len", type=_positive("--seq-len"), default=None)
+    sw.add_argument("--new-tokens", type=_positive("--new-tokens"), default=None)
+    sw.add_argument("--timeout", type=_positive("--timeout", float, "seconds > 0"), default=None,
+                    help="measured seconds per point (default 20)")
+    sw.add_argument("--point-timeout", type=_positive("--point-timeout", float, "seconds > 0"), default=None,
+                    help="seconds before a point's process is killed (default 900)")
+    sw.add_argument("--output", default=None, help="folder of results.jsonl; rerunning resumes (default results/sweep)")
+    sw.add_argument("--quiet", action="store_true", help="no progress bar (also when CI=true)")
+    tp = sub.add_parser("throughput", help="N instances x T threads on disjoint cores, throughput summed")
+    tp.add_argument("model")
+    tp.add_argument("--instances", type=_positive("--instances"), default=2)
+    tp.add_argument("--threads-per-instance", type=_positive("--threads-per-instance"), default=1)
+    tp.add_argument("-b", "--batch-size", type=_positive("-b/--batch-size"), default=1)
+    tp.add_argument("--backend", default="aio")
+    tp.add_argument("-p", "--precision", default="fp32")
+    tp.add_argument("--allocator", default="default", help="default, tcmalloc, jemalloc or hugetlb")
+    tp.add_argument("--timeout", type=_positive("--timeout", float, "seconds > 0"), default=20.0,
+                    help="seconds of the common measurement window (default 20)")
+    tp.add_argument("--input-size", type=_positive("--input-size"), default=None)
+    tp.add_argument("--seq-len", type=_positive("--seq-len"), default=None)
+    tp.add_argument("--output", default="results", help="folder for results.jsonl (default ./results)")
     return parser
 
 
@@ -278,6 +395,10 @@ def main(argv=None) -> int:
             return do_list(args)
         if args.command == "matrix":
             return do_matrix(args)
+        if args.command == "sweep":
+            return do_sweep(args)
+        if args.command == "throughput":
+            return do_throughput(args)
         return do_setup(args)
     return _guard(go)
 

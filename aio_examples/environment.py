@@ -8,6 +8,7 @@ import socket
 import subprocess
 from pathlib import Path
 
+from . import allocators
 from .topology import read_topology
 
 ENV_PREFIXES = ("AIO_", "OMP_", "DNNL_", "ONEDNN_", "MKL_", "KMP_", "OPENBLAS_", "GOMP_")
@@ -77,5 +78,6 @@ def capture(extra: dict | None = None) -> dict:
     env = dict(_static())
     env["env_vars"] = {k: v for k, v in sorted(os.environ.items())
                        if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
+    env["allocator"] = allocators.in_use()
     env.update(extra or {})
     return env

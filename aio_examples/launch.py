@@ -41,23 +41,63 @@ class Outcome:
         return head + (f"; last stderr: {last.strip()[:300]}" if last else "")
 
 
-def run_isolated(argv: list[str], timeout_s: float, env: dict | None = None, cwd=None) -> Outcome:
-    """Run `python argv...` in its own session; on timeout kill the whole process group (SIGKILL)."""
-    start = time.perf_counter()
-    with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=cwd,
-                                start_new_session=True)
+class Isolated:
+    """A `python argv...` child in its own session (so a timeout kills its whole process group), with
+    an optional command prefix (numactl) binding it to cores."""
+
+    def __init__(self, argv: list[str], env: dict | None = None, cwd=None, prefix: list[str] | None = None):
+        self.start = time.perf_counter()
+        self.err = tempfile.TemporaryFile("w+")  # noqa: SIM115  (closed in wait(), after the child ends)
+        self.proc = subprocess.Popen([*(prefix or []), sys.executable, *argv], stdout=subprocess.DEVNULL,
+                                     stderr=self.err, env=env, cwd=cwd, start_new_session=True)
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+    def wait(self, timeout_s: float | None) -> Outcome:
+        """Wait for the child (killing it on timeout or Ctrl-C) and say how it ended."""
         timed_out = False
         try:
-            proc.wait(timeout=timeout_s)
+            self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            self.kill()
         except KeyboardInterrupt:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            self.kill()
+            self.err.close()
             raise
-        err.seek(0)
-        tail = err.read().splitlines()[-STDERR_TAIL_LINES:]
-    return Outcome(None if timed_out else proc.returncode, time.perf_counter() - start, timed_out, tail)
+        self.err.seek(0)
+        tail = self.err.read().splitlines()[-STDERR_TAIL_LINES:]
+        self.err.close()
+        return Outcome(None if timed_out else self.proc.returncode, time.perf_counter() - self.start, timed_out,
+                       tail)
+
+
+def run_isolated(argv: list[str], timeout_s: float, env: dict | None = None, cwd=None,
+                 prefix: list[str] | None = None) -> Outcome:
+    """Run `python argv...` in its own session; on timeout kill the whole process group (SIGKILL)."""
+    return Isolated(argv, env, cwd, prefix).wait(timeout_s)
+
+
+DRIVER_PID_ENV = "AIO_DRIVER_PID"
+
+
+def die_with_parent() -> None:
+    """In a point's process: be killed when the driver that started it dies (Linux `PR_SET_PDEATHSIG`).
+
+    Otherwise a killed driver would leave its current point running, and the rerun that resumes the
+    sweep would measure that point a second time while the orphan is still writing its record.
+    """
+    driver = os.environ.get(DRIVER_PID_ENV)
+    if not driver or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if str(os.getppid()) != driver:       # the driver died before we asked
+        os.kill(os.getpid(), signal.SIGKILL)

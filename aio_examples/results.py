@@ -8,17 +8,17 @@ import json
 import os
 import uuid
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from .errors import UsageError
 
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 STATUSES = ("ok", "fail_accuracy", "unsupported", "failed", "timeout")
 
 
 def new_run_id() -> str:
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:8]
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:8]
 
 
 @dataclass
@@ -55,9 +55,12 @@ class Result:
     warnings: list = field(default_factory=list)
     backend_info: dict = field(default_factory=dict)
     binding: dict = field(default_factory=dict)
+    instances: int = 1                               # processes measured side by side (multi-instance)
+    instance: dict | None = None                     # this record's place among them, or their aggregate
+    point_id: str | None = None                      # the sweep point this record answers (for resuming)
     env: dict = field(default_factory=dict)
     run_id: str = field(default_factory=new_run_id)
-    timestamp: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    timestamp: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
     schema_version: str = SCHEMA_VERSION
 
     def __post_init__(self):

@@ -39,6 +39,8 @@ class RunRequest:
     rule: StopRule = field(default_factory=StopRule)
     module: object = None            # a user's own module (then spec is a CustomModel)
     example_inputs: tuple | None = None
+    instance: object = None          # an InstanceSync: one of several processes measured side by side
+    point_id: str | None = None      # the sweep point this run answers
 
     def __post_init__(self):
         if isinstance(self.precisions, str):
@@ -104,6 +106,8 @@ def run(req: RunRequest, out_dir: Path | None = None, run_id: str | None = None,
     binding = {"threads_in_effect": threads_in_effect, "threads_requested": req.threads.threads,
                "threads_source": req.threads.source, "interop_threads": torch.get_num_interop_threads(),
                "affinity": sorted(os.sched_getaffinity(0))}
+    applied, binding_warnings = _binding_applied()
+    binding.update(applied)
     configs = [(b, p) for p in req.precisions for b in req.backends]
     if reference and ("eager", "fp32") not in configs:
         configs.insert(0, ("eager", "fp32"))
@@ -120,7 +124,9 @@ def run(req: RunRequest, out_dir: Path | None = None, run_id: str | None = None,
             batch_size=req.batch_size, threads=req.threads.threads,
             input_shape=req.spec.input_shape(req.batch_size, req.shape), weights=weights, weights_path=weights_path,
             confidence_target={"ci_rel_halfwidth": req.rule.ci_target, "confidence": req.rule.confidence},
-            binding=dict(binding), env=env, run_id=run_id)
+            binding=dict(binding), env=env, run_id=run_id, warnings=list(binding_warnings),
+            point_id=req.point_id, instances=req.instance.of if req.instance else 1,
+            instance=req.instance.describe() if req.instance else None)
         cand = _Candidate(backend_name, precision, result)
         candidates.append(cand)
         _prepare(cand, req, module, inputs, ctx)
@@ -132,7 +138,10 @@ def run(req: RunRequest, out_dir: Path | None = None, run_id: str | None = None,
     interrupted = False
     try:
         with torch.no_grad():
-            measure([c.measurement for c in active], on_error=_fail_measurement)
+            if req.instance is not None:
+                _measure_instance(active, req)
+            else:
+                measure([c.measurement for c in active], on_error=_fail_measurement)
     except KeyboardInterrupt:
         interrupted = True     # keep what was measured: write it, then stop
         for cand in active:
@@ -148,6 +157,41 @@ def run(req: RunRequest, out_dir: Path | None = None, run_id: str | None = None,
     if interrupted:
         raise KeyboardInterrupt
     return [c.result for c in candidates]
+
+
+def _measure_instance(active: list[_Candidate], req: RunRequest) -> None:
+    """Warm up, tell the driver we are ready, then measure the window every instance shares."""
+    sync = req.instance
+    if len(active) != 1:       # refused by its backend (recorded as such), or asked for more than one
+        sync.ready()
+        if len(active) > 1:
+            raise UsageError("a throughput instance measures exactly one backend at one precision")
+        return
+    cand = active[0]
+    m = cand.measurement
+    try:
+        m.warm_up()
+        sync.ready()
+        start_ns = sync.wait_go()
+        ends = m.run_window(start_ns, req.rule.timeout_s)
+    except Exception as exc:  # noqa: BLE001  (recorded as this instance's failure)
+        _fail_measurement(m, exc)
+        sync.ready()          # never leave the driver waiting for a failed instance
+        return
+    cand.result.instance.update({"cores": cand.result.binding.get("cores"), "window_start_ns": start_ns,
+                                 "pass_ends_ns": ends, "task_size": req.spec.task_size(req.batch_size, req.shape)})
+
+
+def _binding_applied() -> tuple[dict, list[str]]:
+    """The core/memory binding the parent applied (sweeps), checked against the affinity we really have."""
+    from .binding import observed
+
+    applied = observed()
+    warnings = list(applied.get("warnings") or [])
+    cores = applied.get("cores")
+    if cores is not None and applied.get("method") != "none" and set(cores) != os.sched_getaffinity(0):
+        warnings.append(f"bound to cores {cores} but running on {sorted(os.sched_getaffinity(0))}")
+    return {"method": applied.get("method"), "cores": cores, "membind": applied.get("membind")}, warnings
 
 
 def _eager_fp32(module, inputs):

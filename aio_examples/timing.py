@@ -131,6 +131,23 @@ class Measurement:
               and self.confidence_met):
             self.stop_reason = "confidence"
 
+    def run_window(self, start_ns: int, seconds: float) -> list[int]:
+        """Passes from a start time shared with other processes (`time.monotonic_ns`, one clock for the
+        machine) until `seconds` after it; returns when each pass ended, on that clock."""
+        while (wait := start_ns - time.monotonic_ns()) > 0:
+            time.sleep(min(wait / 1e9, 0.005))
+        end_ns = start_ns + int(seconds * 1e9)
+        ends = []
+        cpu0, wall0 = time.process_time_ns(), time.perf_counter_ns()
+        while not ends or ends[-1] < end_ns:
+            self.samples_ns.append(self._pass())
+            ends.append(time.monotonic_ns())
+        self.cpu_ns += time.process_time_ns() - cpu0
+        self.wall_ns += time.perf_counter_ns() - wall0
+        self.measured_s = (ends[-1] - start_ns) / 1e9
+        self.stop_reason = "window"
+        return ends
+
     def run_for(self, seconds: float) -> None:
         """Measure passes for up to `seconds` (used alone, or in interleaved rounds)."""
         start = last = time.perf_counter()

@@ -196,9 +196,10 @@ def test_generation_is_unsupported_with_its_reason():
     assert BACKEND.unsupported_reason(get_model("bert_base"), "fp32") is None
 
 
-@pytest.mark.parametrize("preload", ["/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4", "/opt/lib/libjemalloc.so.2"])
-def test_preloaded_allocator_makes_it_unavailable(monkeypatch, preload):
+@pytest.mark.parametrize("preload, name", [("/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4", "tcmalloc"),
+                                           ("/opt/lib/libjemalloc.so.2", "jemalloc")])
+def test_preloaded_allocator_makes_it_unavailable(monkeypatch, preload, name):
     monkeypatch.setenv("LD_PRELOAD", preload)
-    assert preload in BACKEND.unavailable_reason()
+    assert f"LD_PRELOADed {name}" in BACKEND.unavailable_reason()
     monkeypatch.setenv("LD_PRELOAD", "")
     assert BACKEND.unavailable_reason() is None

@@ -8,7 +8,6 @@ rather than run as something else. int8 is NNCF post-training quantization of th
 import hashlib
 import importlib.util
 import itertools
-import os
 import shutil
 import tempfile
 import time
@@ -36,9 +35,12 @@ class OpenVinoBackend(Backend):
     def unavailable_reason(self):
         if importlib.util.find_spec("openvino") is None:
             return "openvino is not installed (pip install openvino)"
-        preload = os.environ.get("LD_PRELOAD", "")
-        if "tcmalloc" in preload or "jemalloc" in preload:
-            return f"OpenVINO crashes under an LD_PRELOADed tcmalloc/jemalloc (LD_PRELOAD={preload}); unset it"
+        from ..allocators import preload_conflict
+
+        preloaded = preload_conflict()
+        if preloaded:
+            return (f"OpenVINO aborts under an LD_PRELOADed {preloaded} ('double free or corruption'); "
+                    "run it with the default or hugetlb allocator")
         return None
 
     def unsupported_reason(self, spec, precision):

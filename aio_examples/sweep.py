@@ -1,0 +1,230 @@
+"""Sweeps: every point (model x backend x precision x batch x threads x allocator) in its own process.
+
+Each point starts fresh so its thread settings are in place before torch starts, bound to its cores
+(see binding.py), under a timeout; a point that crashes, hangs or fails still gets a record saying
+why, and the sweep goes on. Records are appended point by point, so a rerun into the same output
+resumes: points that already have a record are skipped. Exports, OpenVINO IR and the optimized
+backend's tuning decisions are cached on disk (artifacts.py), so later points reuse them.
+"""
+
+import hashlib
+import json
+import os
+import sys
+import time
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from . import allocators
+from . import results as res
+from .binding import plan, probe
+from .errors import UnsupportedError, UsageError
+from .launch import DRIVER_PID_ENV, run_isolated
+from .log import logger
+from .topology import numa_cpus_from_env, read_topology
+
+SHAPE_KEYS = ("input_size", "seq_len", "new_tokens")
+
+
+@dataclass(frozen=True)
+class Point:
+    model: str
+    backend: str
+    precision: str
+    batch_size: int
+    threads: int
+    allocator: str = "default"
+    shape: tuple = ()                  # sorted (name, value) overrides, e.g. (("seq_len", 128),)
+
+    @property
+    def point_id(self) -> str:
+        text = json.dumps(asdict(self), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    @property
+    def label(self) -> str:
+        extra = "".join(f" {k}={v}" for k, v in self.shape)
+        alloc = "" if self.allocator == "default" else f" [{self.allocator}]"
+        return f"{self.model} {self.backend} {self.precision} b{self.batch_size} t{self.threads}{alloc}{extra}"
+
+    def shape_args(self) -> list[str]:
+        return [a for k, v in self.shape for a in (f"--{k.replace('_', '-')}", str(v))]
+
+
+@dataclass
+class SweepConfig:
+    """What to sweep; validated as a whole before anything runs (bad input costs nothing measured)."""
+
+    models: list[str]
+    backends: list[str] = field(default_factory=lambda: ["aio"])
+    precisions: list[str] = field(default_factory=lambda: ["fp32"])
+    batch_sizes: list[int] = field(default_factory=lambda: [1])
+    threads: list[int] | None = None          # None: powers of two up to the physical cores, plus that
+    allocators: list[str] = field(default_factory=lambda: ["default"])
+    shape: dict = field(default_factory=dict)
+    timeout: float = 20.0                     # measured seconds per point
+    point_timeout: float = 900.0              # seconds before a point's process is killed
+    output: str = "results/sweep"
+
+    def __post_init__(self):
+        from .backends import get_backend
+        from .models import get_model
+        from .precision import validate
+
+        if not self.models:
+            raise UsageError("no model to sweep; accepted: zoo names (aio-examples list)")
+        for m in self.models:
+            get_model(m)
+        for b in self.backends:
+            get_backend(b)
+        for p in self.precisions:
+            validate(p)
+        for a in self.allocators:
+            allocators.validate(a)
+        for name in ("batch_sizes", "threads"):
+            for v in getattr(self, name) or []:
+                if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                    raise UsageError(f"{name} value {v!r} is invalid; accepted: whole numbers >= 1")
+        for k, v in self.shape.items():
+            if k not in SHAPE_KEYS or not isinstance(v, int) or v < 1:
+                raise UsageError(f"shape {k}={v!r} is invalid; accepted: {', '.join(SHAPE_KEYS)} = whole numbers")
+        for name in ("timeout", "point_timeout"):
+            if not isinstance(getattr(self, name), (int, float)) or getattr(self, name) <= 0:
+                raise UsageError(f"{name} {getattr(self, name)!r} is invalid; accepted: seconds > 0")
+
+    @classmethod
+    def from_toml(cls, path, overrides: dict | None = None) -> "SweepConfig":
+        """A sweep kept in a file (see sweeps/*.toml); `overrides` (from the command line) win."""
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except OSError as exc:
+            raise UsageError(f"--config {str(path)!r} cannot be read ({exc.strerror}); accepted: a TOML file") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise UsageError(f"--config {str(path)!r} is not valid TOML ({exc})") from exc
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise UsageError(f"{path}: unknown key {unknown[0]!r}; accepted: {', '.join(sorted(known))}")
+        if data.get("threads") == "auto":
+            data["threads"] = None
+        data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        return cls(**data)
+
+    def points(self, default_threads: list[int]) -> list[Point]:
+        shape = tuple(sorted(self.shape.items()))
+        return [Point(m, b, p, bs, t, a, shape) for m in self.models for b in self.backends for p in self.precisions
+                for bs in self.batch_sizes for t in (self.threads or default_threads) for a in self.allocators]
+
+
+@dataclass
+class SweepSummary:
+    total: int
+    skipped: int                      # already in the output (resumed)
+    statuses: dict
+    prepare_s: float
+    measured_s: float
+    wall_s: float
+    interrupted: bool = False
+
+    def text(self, out: Path) -> str:
+        ran = sum(self.statuses.values())
+        counts = ", ".join(f"{n} {s}" for s, n in sorted(self.statuses.items())) or "nothing"
+        lines = [f"sweep: {ran} point(s) run ({counts}), {self.skipped} already done, of {self.total}",
+                 (f"time: {self.wall_s:.0f} s wall, of which preparing {self.prepare_s:.0f} s and measuring "
+                 f"{self.measured_s:.0f} s (the rest: process start, model building, reference outputs)"),
+                 f"records: {out / 'results.jsonl'}"]
+        if self.interrupted:
+            lines.insert(0, "sweep interrupted: the points above are kept; rerun the same command to resume")
+        return "\n".join(lines)
+
+
+def finished_points(out: Path) -> set[str]:
+    path = out / "results.jsonl"
+    return {r["point_id"] for r in res.load(path) if r.get("point_id")} if path.exists() else set()
+
+
+def point_env(point: Point, binding, base=None) -> dict:
+    """The child's environment: threads, binding and allocator in place before it imports torch."""
+    env = dict(os.environ if base is None else base)
+    env.update(binding.child_env(point.threads))
+    env.update(allocators.env_for(point.allocator, env))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env[DRIVER_PID_ENV] = str(os.getpid())
+    return env
+
+
+def run_point(point: Point, cfg: SweepConfig, out: Path, topology, numa_cpus=None) -> str:
+    """Run one point in its own bound process; return the status recorded for it."""
+    from .models import get_model
+
+    spec = get_model(point.model)
+    cores = topology.pick_cpus(point.threads, numa_cpus)
+    binding = probe(plan(topology, cores))
+    try:
+        env = point_env(point, binding)
+    except UnsupportedError as exc:
+        return _record(out, point, spec, "unsupported", str(exc), binding)
+    argv = ["-m", "aio_examples", "run", point.model, "--backend", point.backend, "-p", point.precision,
+            "-b", str(point.batch_size), "-t", str(point.threads), "--timeout", str(cfg.timeout),
+            "--output", str(out), "--point-id", point.point_id, "--json", *point.shape_args()]
+    outcome = run_isolated(argv, cfg.point_timeout, env=env, prefix=binding.prefix())
+    written = [r for r in res.load(out) if r.get("point_id") == point.point_id] if (out / "results.jsonl").exists() \
+        else []
+    if written:
+        return written[-1]["status"]
+    status = "timeout" if outcome.timed_out else "failed"
+    return _record(out, point, spec, status, outcome.reason, binding)
+
+
+def _record(out, point: Point, spec, status: str, reason: str, binding) -> str:
+    shape = spec.shape(**dict(point.shape))
+    r = res.Result(model=point.model, task=spec.task, backend=point.backend, precision=point.precision,
+                   batch_size=point.batch_size, threads=point.threads,
+                   input_shape=spec.input_shape(point.batch_size, shape), status=status, reason=reason,
+                   binding={"method": binding.method, "cores": list(binding.cores),
+                            "membind": list(binding.membind) if binding.membind else None},
+                   warnings=list(binding.warnings), point_id=point.point_id)
+    r.env = {"allocator": point.allocator}
+    res.append(out, r)
+    logger.warning("sweep: %s %s: %s", point.label, status, reason)
+    return status
+
+
+def run_sweep(cfg: SweepConfig, quiet: bool = False) -> SweepSummary:
+    """Run every point of the sweep that has no record yet; Ctrl-C stops after saying what is done."""
+    from tqdm import tqdm
+
+    out = res.check_output_dir(cfg.output)
+    topology = read_topology()
+    numa_cpus = numa_cpus_from_env()
+    default_threads = topology.default_thread_counts()
+    points = cfg.points(default_threads)
+    for t in sorted({p.threads for p in points}):
+        topology.pick_cpus(t, numa_cpus)         # too many threads for this machine: say so before running
+    done = finished_points(out)
+    todo = [p for p in points if p.point_id not in done]
+    statuses: dict[str, int] = {}
+    start = time.perf_counter()
+    interrupted = False
+    bar = tqdm(total=len(points), initial=len(points) - len(todo), unit="point", file=sys.stderr,
+               disable=quiet or os.environ.get("CI", "").lower() in ("1", "true"), dynamic_ncols=True)
+    try:
+        for point in todo:
+            bar.set_postfix_str(point.label)
+            if bar.disable:
+                logger.info("sweep point %d/%d: %s", len(points) - len(todo) + sum(statuses.values()) + 1,
+                            len(points), point.label)
+            status = run_point(point, cfg, out, topology, numa_cpus)
+            statuses[status] = statuses.get(status, 0) + 1
+            bar.update(1)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        bar.close()
+    ids = {p.point_id for p in todo}
+    mine = [r for r in res.load(out) if r.get("point_id") in ids] if (out / "results.jsonl").exists() else []
+    summary = SweepSummary(len(points), len(points) - len(todo), statuses,
+                           sum(r.get("prepare_s") or 0 for r in mine), sum(r.get("measured_s") or 0 for r in mine),
+                           time.perf_counter() - start, interrupted)
+    return summary

@@ -1,0 +1,206 @@
+"""Sweeps through real processes, real numactl and real faults: a point that hangs, one that kills
+itself, a driver killed mid-sweep and then resumed, Ctrl-C. Nothing finished may be lost or repeated."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, run_cli
+
+from aio_examples import allocators
+from aio_examples.binding import Binding, plan, probe
+from aio_examples.errors import UsageError
+from aio_examples.sweep import SweepConfig
+from aio_examples.topology import from_lscpu, read_topology
+
+needs_numactl = pytest.mark.skipif(shutil.which("numactl") is None, reason="numactl is not installed")
+SMALL = ["squeezenet", "--input-size", "32", "--timeout", "0.5", "--point-timeout", "120", "--quiet"]
+
+# Each child looks at its own command line: the one matching FAULT_MATCH does FAULT (test-only, never shipped).
+FAULTS = """\
+import os, signal, time
+_match = os.environ.get("FAULT_MATCH")
+if _match:
+    _argv = open("/proc/self/cmdline", "rb").read().split(b"\\0")
+    if b"run" in _argv and all(m.encode() in _argv for m in _match.split()):
+        if os.environ["FAULT"] == "hang":
+            time.sleep(3600)
+        os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+
+
+def sweep(out, *extra, env=None, timeout=600):
+    return run_cli(["-m", "aio_examples", "sweep", *SMALL, "--output", str(out), *extra], env=env, timeout=timeout)
+
+
+def fault_env(tmp_path, match: str, kind: str) -> dict:
+    folder = tmp_path / "faults"
+    folder.mkdir(exist_ok=True)
+    (folder / "sitecustomize.py").write_text(FAULTS)
+    return {"PYTHONPATH": f"{folder}:{os.environ.get('PYTHONPATH', '')}", "FAULT_MATCH": match, "FAULT": kind}
+
+
+@needs_numactl
+def test_a_small_sweep_binds_each_point_to_its_cores_and_resumes_without_duplicates(tmp_path):
+    out = tmp_path / "sweep"
+    proc = sweep(out, "--backends", "eager,torchscript", "--threads", "1,2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    first = records(out)
+    assert len(first) == 4 and len({r["point_id"] for r in first}) == 4
+    assert {(r["backend"], r["threads"]) for r in first} == {(b, t) for b in ("eager", "torchscript") for t in (1, 2)}
+    topo = read_topology()
+    for r in first:
+        assert r["status"] == "ok", r["reason"]
+        b = r["binding"]
+        assert b["method"] == "numactl" and b["cores"] == list(topo.pick_cpus(r["threads"]))
+        assert b["affinity"] == b["cores"] and b["threads_in_effect"] == r["threads"]
+        assert b["membind"] == list(topo.nodes_of(b["cores"]))
+        env_vars = r["env"]["env_vars"]
+        assert env_vars["OMP_NUM_THREADS"] == env_vars["AIO_NUM_THREADS"] == str(r["threads"])
+        assert env_vars["AIO_NUMA_CPUS"] == " ".join(map(str, b["cores"])) and env_vars["OPENBLAS_NUM_THREADS"] == "1"
+    assert "4 point(s) run (4 ok)" in proc.stdout and "preparing" in proc.stdout
+    again = sweep(out, "--backends", "eager,torchscript", "--threads", "1,2")
+    assert again.returncode == 0 and "0 point(s) run" in again.stdout and "4 already done" in again.stdout
+    assert records(out) == first
+
+
+def test_a_hanging_point_and_a_point_that_kills_itself_get_records_and_the_sweep_goes_on(tmp_path):
+    out = tmp_path / "sweep"
+    hang = sweep(out, "--backends", "torchscript,eager", "--threads", "1", "--point-timeout", "20",
+                 env=fault_env(tmp_path, "torchscript", "hang"))
+    assert hang.returncode == 0, hang.stderr[-2000:]
+    killed = sweep(out, "--backends", "inductor", "--threads", "1", env=fault_env(tmp_path, "inductor", "kill"))
+    assert killed.returncode == 0, killed.stderr[-2000:]
+    by_backend = {r["backend"]: r for r in records(out)}
+    assert by_backend["torchscript"]["status"] == "timeout" and "timed out after 20 s" in by_backend["torchscript"][
+        "reason"]
+    assert by_backend["inductor"]["status"] == "failed" and "SIGKILL" in by_backend["inductor"]["reason"]
+    assert by_backend["eager"]["status"] == "ok"        # the point after the hang still ran
+    assert all(r["point_id"] for r in by_backend.values())
+
+
+def test_a_driver_killed_mid_sweep_loses_nothing_and_the_rerun_finishes_without_duplicates(tmp_path):
+    out = tmp_path / "sweep"
+    args = [sys.executable, "-m", "aio_examples", "sweep", *SMALL, "--output", str(out), "--backends",
+            "eager,torchscript,inductor", "--threads", "1"]
+    driver = subprocess.Popen(args, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    path = out / "results.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (path.exists() and path.read_text().count("\n") >= 1):
+        time.sleep(0.2)
+    driver.kill()                       # SIGKILL to the driver alone: its current point must die with it
+    driver.wait()
+    time.sleep(1)
+    before = records(out)               # every line is a whole record
+    assert 1 <= len(before) < 3
+    rerun = sweep(out, "--backends", "eager,torchscript,inductor", "--threads", "1")
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    after = records(out)
+    ids = [r["point_id"] for r in after]
+    assert len(ids) == len(set(ids)) == 3 and after[:len(before)] == before
+
+
+def test_ctrl_c_stops_cleanly_saying_what_is_done(tmp_path):
+    out = tmp_path / "sweep"
+    args = [sys.executable, "-m", "aio_examples", "sweep", *SMALL, "--output", str(out), "--backends",
+            "eager,torchscript", "--threads", "1"]
+    driver = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    path = out / "results.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not path.exists():
+        time.sleep(0.2)
+    driver.send_signal(signal.SIGINT)
+    stdout, stderr = driver.communicate(timeout=120)
+    assert driver.returncode == 130, stderr
+    assert "sweep interrupted" in stdout and "rerun the same command to resume" in stdout
+    assert len(records(out)) == 1          # the point in progress was stopped, not half-written
+
+
+def test_openvino_under_a_preloaded_allocator_is_unsupported_with_why(tmp_path):
+    if allocators.library("tcmalloc") is None:
+        pytest.skip("tcmalloc is not installed")
+    out = tmp_path / "sweep"
+    proc = sweep(out, "--backends", "openvino,eager", "--threads", "1", "--allocators", "tcmalloc,hugetlb")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = {(r["backend"], r["env"]["allocator"]): r for r in records(out)}
+    assert set(got) == {(b, a) for b in ("openvino", "eager") for a in ("tcmalloc", "hugetlb")}
+    refused = got[("openvino", "tcmalloc")]
+    assert refused["status"] == "unsupported" and "LD_PRELOADed tcmalloc" in refused["reason"]
+    assert got[("eager", "tcmalloc")]["status"] == "ok"
+    assert "libtcmalloc" in got[("eager", "tcmalloc")]["env"]["env_vars"]["LD_PRELOAD"]
+    assert got[("openvino", "hugetlb")]["status"] == "ok"
+    assert "glibc.malloc.hugetlb=1" in got[("openvino", "hugetlb")]["env"]["env_vars"]["GLIBC_TUNABLES"]
+
+
+@needs_numactl
+def test_two_instances_on_disjoint_cores_sum_their_throughput(tmp_path):
+    proc = run_cli(["-m", "aio_examples", "throughput", "squeezenet", "--instances", "2", "--threads-per-instance",
+                    "1", "-b", "2", "--backend", "eager", "--input-size", "32", "--timeout", "2",
+                    "--output", str(tmp_path)])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rs = records(tmp_path)
+    instances, agg = rs[:-1], rs[-1]
+    assert [r["instance"]["index"] for r in instances] == [0, 1] and agg["instance"]["aggregate"]
+    cores = [set(r["binding"]["cores"]) for r in instances]
+    assert not cores[0] & cores[1] and all(r["binding"]["affinity"] == sorted(c) for r, c in zip(instances, cores))
+    assert agg["instances"] == 2 and agg["threads"] == 1 and agg["status"] == "ok"
+    per = [e["throughput"] for e in agg["instance"]["layout"]]
+    assert agg["throughput"]["value"] == pytest.approx(sum(per)) and min(per) > 0
+    assert agg["throughput"]["value"] > max(r["throughput"]["value"] for r in instances) * 1.2
+    assert f"{agg['throughput']['value']:.2f}" in proc.stdout
+
+
+def test_aggregate_sums_the_work_of_the_window_all_instances_ran():
+    from aio_examples.instances import aggregate
+
+    ms = 1_000_000
+    fast = {"window_start_ns": 0, "pass_ends_ns": [i * 10 * ms for i in range(1, 102)], "task_size": 1}   # to 1010 ms
+    slow = {"window_start_ns": 0, "pass_ends_ns": [i * 50 * ms for i in range(1, 22)], "task_size": 4}    # to 1050 ms
+    agg = aggregate([fast, slow])
+    assert agg["window_s"] == pytest.approx(1.01)            # the window ends when the first instance stops
+    assert agg["per_instance"][0] == pytest.approx(101 / 1.01) and agg["per_instance"][1] == pytest.approx(80 / 1.01)
+    assert agg["throughput"] == pytest.approx(181 / 1.01)    # a sum, not an average
+
+
+def test_binding_switches_and_fallbacks(monkeypatch):
+    topo = from_lscpu("# CPU,Core,Socket,Node\n0,0,0,0\n1,1,0,0\n")
+    assert plan(topo, (0,), {"AIO_CPU_BIND": "0"}).method == "none"
+    if shutil.which("numactl"):
+        assert plan(topo, (1,), {}).prefix() == ["numactl", "--physcpubind=1", "--membind=0"]
+        assert plan(topo, (1,), {"AIO_MEM_BIND": "0"}).prefix() == ["numactl", "--physcpubind=1"]
+    with pytest.raises(UsageError, match="AIO_MEM_BIND='2'"):
+        plan(topo, (0,), {"AIO_MEM_BIND": "2"})
+
+
+@needs_numactl
+def test_a_refused_memory_binding_falls_back_to_cores_only_with_a_warning():
+    refused = probe(Binding("numactl", (0,), (7,)))           # no NUMA node 7 here: numactl refuses, for real
+    assert refused.method == "numactl" and refused.membind is None
+    assert "memory binding refused" in refused.warnings[0]
+    outside = probe(Binding("numactl", (999,), None))
+    assert outside.method == "none" and len(outside.warnings) == 2
+
+
+def test_sweep_config_files_validate_and_bad_keys_are_named(tmp_path):
+    cfg = SweepConfig.from_toml(ROOT / "sweeps" / "quick.toml")
+    assert cfg.models and cfg.backends
+    bad = tmp_path / "bad.toml"
+    bad.write_text('models = ["resnet_18"]\nthreds = [1]\n')
+    with pytest.raises(UsageError, match="unknown key 'threds'"):
+        SweepConfig.from_toml(bad)
+    bad.write_text('models = ["resnet_18"]\nbatch_sizes = [0]\n')
+    with pytest.raises(UsageError, match="batch_sizes value 0"):
+        SweepConfig.from_toml(bad)
+    over = SweepConfig.from_toml(ROOT / "sweeps" / "quick.toml", {"threads": [1], "output": str(tmp_path)})
+    assert over.threads == [1] and over.output == str(tmp_path)
