@@ -1,6 +1,27 @@
 #!/usr/bin/env bash
-# Runs the model-zoo sweep and writes the report. Not built yet: the sweep issue
-# ("Sweeps, core binding with numactl, multi-instance throughput, run_all.sh") fills it in.
-# Until then, measure one model at a time:  cd classification/resnet_50_v1 && python3 run.py -p fp32
-echo "run_all.sh is not implemented yet (see the sweeps issue); use a model's run.py" >&2
-exit 3
+# Run the zoo sweep sized for this machine, then summarise it.
+#   bash run_all.sh                 quick profile (sweeps/quick.toml): about 20 minutes on 2 cores
+#   bash run_all.sh --full          every model x backend x precision x thread count (sweeps/full.toml)
+#   bash run_all.sh --output DIR    where to write (default results/run_all-<profile>-<date>; reruns resume)
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3}
+profile=quick
+out=""
+while [ $# -gt 0 ]; do
+    case $1 in
+        --quick) profile=quick ;;
+        --full) profile=full ;;
+        --output) [ $# -ge 2 ] || { echo "run_all.sh: --output needs a folder" >&2; exit 2; }; out=$2; shift ;;
+        -h|--help) sed -n '2,5p' "$0"; exit 0 ;;
+        *) echo "run_all.sh: unknown option '$1'; accepted: --quick, --full, --output DIR" >&2; exit 2 ;;
+    esac
+    shift
+done
+out=${out:-results/run_all-$profile-$(date +%Y%m%d)}
+start=$(date +%s)
+"$PY" -m aio_examples sweep --config "sweeps/$profile.toml" --output "$out"
+"$PY" -m aio_examples report "$out" --output "$out/report"
+echo "run_all.sh ($profile): $(( $(date +%s) - start )) s"
+echo "  results: $out/results.jsonl"
+echo "  summary: $out/report/summary.md (and summary.csv)"

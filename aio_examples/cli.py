@@ -301,6 +301,15 @@ def do_throughput(args) -> int:
     return 0
 
 
+def do_report(args) -> int:
+    from .report import load_records, write_summary
+
+    records = load_records(args.results)
+    paths = write_summary(records, Path(args.output))
+    print(f"{len(records)} records summarised: {paths['md']} and {paths['csv']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Benchmark CPU inference with PyTorch across backends and precisions.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -353,6 +362,9 @@ def build_parser() -> argparse.ArgumentParser:
     tp.add_argument("--input-size", type=_positive("--input-size"), default=None)
     tp.add_argument("--seq-len", type=_positive("--seq-len"), default=None)
     tp.add_argument("--output", default="results", help="folder for results.jsonl (default ./results)")
+    rp = sub.add_parser("report", help="summary.csv and summary.md of result files or folders")
+    rp.add_argument("results", nargs="+", help="results.jsonl files or folders holding them")
+    rp.add_argument("--output", default="report", help="folder to write into (default ./report)")
     return parser
 
 
@@ -399,6 +411,8 @@ def main(argv=None) -> int:
             return do_sweep(args)
         if args.command == "throughput":
             return do_throughput(args)
+        if args.command == "report":
+            return do_report(args)
         return do_setup(args)
     return _guard(go)
 

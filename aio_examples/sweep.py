@@ -68,10 +68,15 @@ class SweepConfig:
     output: str = "results/sweep"
 
     def __post_init__(self):
-        from .backends import get_backend
-        from .models import get_model
-        from .precision import validate
+        from .backends import available_backends, get_backend
+        from .models import ZOO, get_model
+        from .precision import PRECISIONS, validate
 
+        # "all" (or ["all"]) stands for every zoo model, every backend installed here, every precision.
+        for name, every in (("models", lambda: list(ZOO)), ("backends", available_backends),
+                            ("precisions", lambda: list(PRECISIONS))):
+            if getattr(self, name) in ("all", ["all"]):
+                setattr(self, name, every())
         if not self.models:
             raise UsageError("no model to sweep; accepted: zoo names (aio-examples list)")
         for m in self.models:
