@@ -7,12 +7,21 @@ set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
 
-# A C compiler and binutils adapt torchvision's CUDA wheel to CPU torch (aio_examples/compat).
-if ! command -v cc >/dev/null || ! command -v nm >/dev/null; then
+# System packages: a C compiler and binutils adapt torchvision's CUDA wheel to CPU torch
+# (aio_examples/compat); numactl binds sweep points to cores; tcmalloc and jemalloc are the
+# allocator sweep axis (optional).
+missing=()
+command -v cc >/dev/null || missing+=(gcc)
+command -v nm >/dev/null || missing+=(binutils)
+command -v numactl >/dev/null || missing+=(numactl)
+ls /usr/lib/*/libtcmalloc.so.4 >/dev/null 2>&1 || missing+=(libgoogle-perftools4)
+ls /usr/lib/*/libjemalloc.so.2 >/dev/null 2>&1 || missing+=(libjemalloc2)
+if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        apt-get update -qq && apt-get install -y -qq gcc binutils >/dev/null
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
     else
-        echo "setup.sh: gcc and binutils are needed (or torchvision's CPU build)" >&2
+        echo "setup.sh: please install ${missing[*]} (gcc and binutils are needed unless torchvision's" \
+             "CPU build is installed; without numactl sweeps bind with sched_setaffinity)" >&2
     fi
 fi
 

@@ -128,6 +128,7 @@ class SweepSummary:
     skipped: int                      # already in the output (resumed)
     statuses: dict
     prepare_s: float
+    warmup_s: float
     measured_s: float
     wall_s: float
     interrupted: bool = False
@@ -136,8 +137,9 @@ class SweepSummary:
         ran = sum(self.statuses.values())
         counts = ", ".join(f"{n} {s}" for s, n in sorted(self.statuses.items())) or "nothing"
         lines = [f"sweep: {ran} point(s) run ({counts}), {self.skipped} already done, of {self.total}",
-                 (f"time: {self.wall_s:.0f} s wall, of which preparing {self.prepare_s:.0f} s and measuring "
-                 f"{self.measured_s:.0f} s (the rest: process start, model building, reference outputs)"),
+                 (f"time: {self.wall_s:.0f} s wall, of which preparing {self.prepare_s:.0f} s (compiling, exporting, "
+                  f"tuning), warming up {self.warmup_s:.0f} s and measuring {self.measured_s:.0f} s; the rest is "
+                  "process start, model building and the eager fp32 reference outputs"),
                  f"records: {out / 'results.jsonl'}"]
         if self.interrupted:
             lines.insert(0, "sweep interrupted: the points above are kept; rerun the same command to resume")
@@ -230,6 +232,8 @@ def run_sweep(cfg: SweepConfig, quiet: bool = False) -> SweepSummary:
     ids = {p.point_id for p in todo}
     mine = [r for r in res.load(out) if r.get("point_id") in ids] if (out / "results.jsonl").exists() else []
     summary = SweepSummary(len(points), len(points) - len(todo), statuses,
-                           sum(r.get("prepare_s") or 0 for r in mine), sum(r.get("measured_s") or 0 for r in mine),
+                           sum(r.get("prepare_s") or 0 for r in mine),
+                           sum((r.get("warmup") or {}).get("seconds") or 0 for r in mine),
+                           sum(r.get("measured_s") or 0 for r in mine),
                            time.perf_counter() - start, interrupted)
     return summary
