@@ -302,11 +302,11 @@ def do_throughput(args) -> int:
 
 
 def do_report(args) -> int:
-    from .report import load_records, write_summary
+    from .report import build_report
 
-    records = load_records(args.results)
-    paths = write_summary(records, Path(args.output))
-    print(f"{len(records)} records summarised: {paths['md']} and {paths['csv']}")
+    written = build_report(args.results, Path(args.output))
+    print(f"{written['records']} records: {written['html']}, {written['md']}, {written['csv']} "
+          f"(plots in {Path(args.output) / 'plots'})")
     return 0
 
 
@@ -362,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     tp.add_argument("--input-size", type=_positive("--input-size"), default=None)
     tp.add_argument("--seq-len", type=_positive("--seq-len"), default=None)
     tp.add_argument("--output", default="results", help="folder for results.jsonl (default ./results)")
-    rp = sub.add_parser("report", help="summary.csv and summary.md of result files or folders")
+    rp = sub.add_parser("report", help="report.html, summary.csv/md and plots from result files or folders")
     rp.add_argument("results", nargs="+", help="results.jsonl files or folders holding them")
     rp.add_argument("--output", default="report", help="folder to write into (default ./report)")
     return parser

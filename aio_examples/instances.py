@@ -172,5 +172,9 @@ def _aggregate_record(spec, point, shape, instances, cpu_sets, bindings, records
     pooled = [s for x in records for s in x["samples_ms"]]
     r.latency_ms = summarize(pooled).to_dict() if pooled else None
     r.env = records[0].get("env", {})
+    strategies = {x.get("strategy") for x in records}
+    r.strategy = strategies.pop() if len(strategies) == 1 else "mixed: " + ", ".join(sorted(map(str, strategies)))
+    r.metrics = {k: records[0]["metrics"][k] for k in ("flops_per_pass", "units_per_pass")
+                 if k in (records[0].get("metrics") or {})}
     r.check = {"passed": all(x["check"]["passed"] for x in records if x.get("check"))}
     return r

@@ -41,6 +41,7 @@ class RunRequest:
     example_inputs: tuple | None = None
     instance: object = None          # an InstanceSync: one of several processes measured side by side
     point_id: str | None = None      # the sweep point this run answers
+    flops_per_pass: int | None = None  # filled by run(): FLOPs of one pass (zoo models), for % of machine peak
 
     def __post_init__(self):
         if isinstance(self.precisions, str):
@@ -116,6 +117,13 @@ def run(req: RunRequest, out_dir: Path | None = None, run_id: str | None = None,
                     "timings are representative. Use --weights or --model-dir for real weights.", req.spec.name)
     with torch.no_grad():
         reference_output = req.spec.make_pass(_eager_fp32(module, inputs), req.shape)()
+    if req.module is None:
+        from .flops import cached_flops
+
+        try:        # counted once per model and shape at batch 1 (cached), then scaled by the batch
+            req.flops_per_pass = cached_flops(req.spec, dict(req.shape)) * req.batch_size
+        except Exception:  # noqa: BLE001  (a count the flop counter cannot make only costs the % of peak)
+            logger.debug("FLOPs of %s not counted", req.spec.name, exc_info=True)
 
     candidates = []
     for backend_name, precision in configs:
@@ -270,6 +278,9 @@ def _fill(cand: _Candidate, req: RunRequest) -> None:
     r.stop_reason = m.stop_reason
     r.confidence_met = m.confidence_met
     r.peak_rss_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    r.metrics["units_per_pass"] = req.spec.task_size(req.batch_size, req.shape)
+    if req.flops_per_pass:
+        r.metrics["flops_per_pass"] = req.flops_per_pass
     _observed_cores(m, r)
     for name, values in m.extra_ns.items():
         r.metrics[f"{name}_ms"] = res_summary(values)

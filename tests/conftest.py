@@ -22,3 +22,17 @@ def run_cli(args, cwd=ROOT, env=None, timeout=600):
     full_env.update(env or {})
     return subprocess.run([sys.executable, *args], cwd=cwd, env=full_env, capture_output=True, text=True,
                           timeout=timeout, check=False)
+
+
+SMALL_SWEEP = ["squeezenet", "--input-size", "32", "--timeout", "0.5", "--point-timeout", "120", "--quiet",
+               "--backends", "eager,torchscript", "--threads", "1,2"]
+
+
+@pytest.fixture(scope="session")
+def small_sweep(tmp_path_factory):
+    """A real 4-point sweep (squeezenet at 32x32, eager and torchscript, 1 and 2 threads), run once."""
+    out = tmp_path_factory.mktemp("small-sweep")
+    proc = run_cli(["-m", "aio_examples", "sweep", *SMALL_SWEEP, "--output", str(out)],
+                   env={"AIO_CACHE_DIR": str(tmp_path_factory.getbasetemp() / "aio-cache")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out, proc

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_cli
+from conftest import ROOT, SMALL_SWEEP, run_cli
 
 from aio_examples import allocators
 from aio_examples.binding import Binding, plan, probe
@@ -51,10 +51,8 @@ def fault_env(tmp_path, match: str, kind: str) -> dict:
 
 
 @needs_numactl
-def test_a_small_sweep_binds_each_point_to_its_cores_and_resumes_without_duplicates(tmp_path):
-    out = tmp_path / "sweep"
-    proc = sweep(out, "--backends", "eager,torchscript", "--threads", "1,2")
-    assert proc.returncode == 0, proc.stderr[-2000:]
+def test_a_small_sweep_binds_each_point_to_its_cores_and_resumes_without_duplicates(small_sweep):
+    out, proc = small_sweep
     first = records(out)
     assert len(first) == 4 and len({r["point_id"] for r in first}) == 4
     assert {(r["backend"], r["threads"]) for r in first} == {(b, t) for b in ("eager", "torchscript") for t in (1, 2)}
@@ -69,7 +67,7 @@ def test_a_small_sweep_binds_each_point_to_its_cores_and_resumes_without_duplica
         assert env_vars["OMP_NUM_THREADS"] == env_vars["AIO_NUM_THREADS"] == str(r["threads"])
         assert env_vars["AIO_NUMA_CPUS"] == " ".join(map(str, b["cores"])) and env_vars["OPENBLAS_NUM_THREADS"] == "1"
     assert "4 point(s) run (4 ok)" in proc.stdout and "preparing" in proc.stdout
-    again = sweep(out, "--backends", "eager,torchscript", "--threads", "1,2")
+    again = run_cli(["-m", "aio_examples", "sweep", *SMALL_SWEEP, "--output", str(out)])
     assert again.returncode == 0 and "0 point(s) run" in again.stdout and "4 already done" in again.stdout
     assert records(out) == first
 
