@@ -310,6 +310,29 @@ def do_report(args) -> int:
     return 0
 
 
+def do_peak(args) -> int:
+    from . import peak
+    from .topology import read_topology
+
+    for precision in args.precisions:
+        if precision not in peak.PEAK_PRECISIONS:
+            raise UsageError(f"--precisions {precision!r} is not measured; accepted: {', '.join(peak.PEAK_PRECISIONS)}")
+    topo = read_topology()
+    threads = args.threads or topo.default_thread_counts()
+    for t in threads:
+        topo.pick_cpus(t)
+    table = peak.measure_peaks(args.precisions, threads)
+    print(f"matrix-multiply peak of this machine ({peak.SIZE}x{peak.SIZE} GEMM), GFLOP/s:")
+    for precision, by_threads in table["peaks"].items():
+        for t, entry in sorted(by_threads.items(), key=lambda kv: int(kv[0])):
+            engines = ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k}: {v}"
+                                for k, v in entry["engines"].items())
+            best = f"{entry['gflops']:.1f} ({entry['engine']})" if entry["gflops"] else "none"
+            print(f"  {precision} {t} thread(s): {best}   [{engines}]")
+    print(f"cached for this machine: {peak.cache_path()}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Benchmark CPU inference with PyTorch across backends and precisions.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -362,6 +385,10 @@ def build_parser() -> argparse.ArgumentParser:
     tp.add_argument("--input-size", type=_positive("--input-size"), default=None)
     tp.add_argument("--seq-len", type=_positive("--seq-len"), default=None)
     tp.add_argument("--output", default="results", help="folder for results.jsonl (default ./results)")
+    pk = sub.add_parser("peak", help="this machine's matrix-multiply peak per precision and threads (cached)")
+    pk.add_argument("--precisions", type=_list, default=["fp32", "bf16"], help="comma list of fp32, bf16")
+    pk.add_argument("--threads", type=_ints("--threads"), default=None,
+                    help="comma list (default: powers of two up to the physical cores, plus that)")
     rp = sub.add_parser("report", help="report.html, summary.csv/md and plots from result files or folders")
     rp.add_argument("results", nargs="+", help="results.jsonl files or folders holding them")
     rp.add_argument("--output", default="report", help="folder to write into (default ./report)")
@@ -413,6 +440,8 @@ def main(argv=None) -> int:
             return do_throughput(args)
         if args.command == "report":
             return do_report(args)
+        if args.command == "peak":
+            return do_peak(args)
         return do_setup(args)
     return _guard(go)
 

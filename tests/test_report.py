@@ -79,3 +79,18 @@ def test_report_command_names_a_bad_input(tmp_path):
     bad.write_text('{"model": "a"}\nnot json\n')
     broken = run_cli(["-m", "aio_examples", "report", str(bad)])
     assert broken.returncode == 2 and f"{bad}:2" in broken.stderr
+
+
+def test_peak_is_measured_per_precision_and_threads_and_gives_every_counted_record_a_share(small_sweep, tmp_path):
+    proc = run_cli(["-m", "aio_examples", "peak", "--precisions", "fp32", "--threads", "1,2"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    from aio_examples import peak
+
+    table = peak.cached()["peaks"]["fp32"]
+    assert set(table) == {"1", "2"} and all(e["gflops"] > 0 and e["engine"] in e["engines"] for e in table.values())
+    bad = run_cli(["-m", "aio_examples", "peak", "--precisions", "int4"])
+    assert bad.returncode == 2 and "'int4'" in bad.stderr and "accepted: fp32, bf16" in bad.stderr
+    out_sweep, _ = small_sweep
+    df = pd.read_csv(build_report([out_sweep], tmp_path / "report")["csv"])
+    assert df.peak_pct.notna().all() and ((df.peak_pct > 0) & (df.peak_pct < 100)).all()
+    assert "peak_pct" in (tmp_path / "report" / "report.html").read_text()
