@@ -30,6 +30,11 @@ fi
 "$PY" -m pip install -q --no-deps -e .
 if [ "${1:-}" = "--dev" ]; then
     "$PY" -m pip install -q -r requirements-dev.txt -c constraints.txt
+    # The notebook server test drives a real browser: Debian's chromium (Playwright downloads none).
+    if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null || \
+            echo "setup.sh: chromium could not be installed; the browser test will be skipped" >&2
+    fi
 fi
 "$PY" -m pip check
 "$PY" -m aio_examples setup

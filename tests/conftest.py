@@ -1,4 +1,5 @@
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -6,6 +7,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# A shell that starts pytest in the background ignores SIGINT, and the children the Ctrl-C tests
+# interrupt would inherit that and never see KeyboardInterrupt. A handler (unlike "ignore") is reset
+# to the default when a child starts, so put Python's own back.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)

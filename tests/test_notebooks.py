@@ -1,0 +1,50 @@
+"""Every notebook runs top to bottom, headless, with small settings, and draws its figures."""
+
+import nbformat
+import pytest
+from conftest import ROOT
+
+nbclient = pytest.importorskip("nbclient")
+
+SMALL = {
+    "classification/examples.ipynb": 'MODELS = ["squeezenet"]\nBACKENDS = ["eager", "torchscript"]\nTIMEOUT = 0.5\n'
+                                     'INPUT_SIZE = 64\nTHREADS = 1\nWEIGHTS = None',
+    "object_detection/examples.ipynb": 'MODEL = "ssdlite320_mobilenet_v3"\nBACKENDS = ["eager"]\nTIMEOUT = 0.5\n'
+                                       'INPUT_SIZE = 128\nTHREADS = 1\nWEIGHTS = None\nBOXES = 3',
+    "nlp/examples.ipynb": 'QA_MODEL = "bert_base"\nGEN_MODEL = "gpt2"\nBACKENDS = ["eager"]\nTIMEOUT = 0.5\n'
+                          'SEQ_LEN = 32\nNEW_TOKENS = 4\nTHREADS = 1\nMODEL_DIR = None',
+}
+
+
+def execute(path, parameters: str | None, env_results=None):
+    nb = nbformat.read(ROOT / path, as_version=4)
+    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "committed with outputs"
+    params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(params) == 1, "one cell tagged 'parameters'"
+    if parameters is not None:
+        params[0].source = parameters
+    client = nbclient.NotebookClient(nb, timeout=900, kernel_name="python3",
+                                     resources={"metadata": {"path": str((ROOT / path).parent)}})
+    client.execute()
+    return nb
+
+
+def images(nb) -> int:
+    return sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+
+
+@pytest.mark.parametrize("path", sorted(SMALL))
+def test_example_notebook_runs_and_draws(path):
+    nb = execute(path, SMALL[path])
+    assert images(nb) >= (1 if path.startswith("nlp") else 2)      # the picture (vision) and the chart
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "Random weights" in text or "random weights" in text          # said plainly
+
+
+def test_dashboard_runs_on_a_results_folder(small_sweep, monkeypatch):
+    out, _ = small_sweep
+    monkeypatch.setenv("AIO_RESULTS", str(out))        # the kernel inherits it; the parameter cell reads it
+    nb = execute("notebooks/dashboard.ipynb", None)
+    assert images(nb) >= 2                              # suite view and latency vs threads
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "4 records, 4 configurations" in text
