@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run the zoo sweep sized for this machine, then summarise it.
-#   bash run_all.sh                 quick profile (sweeps/quick.toml): about 20 minutes on 2 cores
+# Run the zoo sweep sized for this machine, then write its report (report.html, summary.csv/md, plots).
+#   bash run_all.sh                 quick profile (sweeps/quick.toml): about 10 minutes on 2 cores
 #   bash run_all.sh --full          every model x backend x precision x thread count (sweeps/full.toml)
 #   bash run_all.sh --output DIR    where to write (default results/run_all-<profile>-<date>; reruns resume)
 set -euo pipefail
@@ -24,4 +24,4 @@ start=$(date +%s)
 "$PY" -m aio_examples report "$out" --output "$out/report"
 echo "run_all.sh ($profile): $(( $(date +%s) - start )) s"
 echo "  results: $out/results.jsonl"
-echo "  summary: $out/report/summary.md (and summary.csv)"
+echo "  report:  $out/report/report.html (summary.md, summary.csv, plots/)"
