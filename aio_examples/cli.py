@@ -136,7 +136,7 @@ def do_run(model: str, args) -> int:
         print(f"\n{spec.name} ({spec.task}), input {first.input_shape}, weights: {first.weights}, "
               f"threads: {first.binding['threads_in_effect']} ({choice.source})")
         if compare:
-            print("configurations were measured in interleaved rounds (A B C A B C ...), "
+            print("configurations were measured in interleaved rounds in a new order each round, "
                   "so machine drift affects all of them alike")
         print(format_table(results))
         print(f"\nrecords appended to {out_dir / 'results.jsonl'}")

@@ -5,6 +5,7 @@ every output is touched inside the timed region so nothing lazy escapes the cloc
 """
 
 import functools
+import random
 import time
 from dataclasses import dataclass, field
 
@@ -168,10 +169,11 @@ class Measurement:
 
 
 ROUND_GAP_S = 0.05
+ORDER_SEED = 1234567      # fixed: the same sequence of round orders in every run
 
 
 def measure(measurements: list[Measurement], round_s: float = 1.0, on_error=None) -> None:
-    """Measure several pass functions in interleaved rounds (A B C B C A ...) so drift hits all alike.
+    """Measure several pass functions in interleaved rounds (A B C, C A B, ...) so drift hits all alike.
 
     A single measurement simply runs to its end. A pass that raises ends that measurement only:
     `on_error(measurement, exc)` is told, the others go on.
@@ -189,15 +191,16 @@ def measure(measurements: list[Measurement], round_s: float = 1.0, on_error=None
         if m.first_pass_ms is None:
             guarded(m, m.warm_up)
     seconds = float("inf") if len(measurements) == 1 else round_s
-    start = 0
+    shuffle = random.Random(ORDER_SEED).shuffle
+    order = list(measurements)
     while not all(m.done for m in measurements):
-        # Rotate the order every round (A B C, B C A, C A B, ...) so no backend always follows the same
-        # neighbour, and leave a short idle gap after each round: ONNX Runtime's and OpenVINO's worker
-        # threads keep spinning for a while after their last pass and would slow the next backend
-        # (measured here: OpenVINO mobilenet_v2 5.0 -> 5.2 ms right after ONNX Runtime rounds).
-        for m in measurements[start:] + measurements[:start]:
+        # A new order every round (a seeded shuffle), so no backend always follows the same neighbour
+        # and none always goes first; and a short idle gap after each round: ONNX Runtime's and
+        # OpenVINO's worker threads keep spinning for a while after their last pass and would slow the
+        # next backend (measured here: OpenVINO mobilenet_v2 5.0 -> 5.2 ms right after ONNX Runtime).
+        for m in order:
             if not m.done:
                 guarded(m, functools.partial(m.run_for, seconds))
                 if len(measurements) > 1:
                     time.sleep(ROUND_GAP_S)
-        start = (start + 1) % len(measurements)
+        shuffle(order)
