@@ -1,10 +1,14 @@
 """Is the optimized backend at least as fast as the best baseline, at each precision?
 
-For each model and precision, one process measures `aio` and every baseline (torchscript,
+For each model and precision, a process measures `aio` and every baseline (torchscript,
 inductor, onnxruntime, openvino) in interleaved rounds, so drift hits all alike, and compares
-medians. A baseline that cannot run the precision (status unsupported) is left out; a `fail_accuracy`
-baseline is left out too (a wrong answer is no target). PASS when aio's median is at most the best
-baseline's, or slower only within noise (the 95% confidence intervals of the two medians overlap).
+medians. This is done twice, with aio prepared first and with aio prepared last: two instances of
+the same engine in one process differ by 1-2% depending on which was created first (measured here:
+OpenVINO resnet_50_v1 created first 36.03 ms, second 35.54 ms), and aio often runs the very engine
+its best baseline is. Medians are combined over the two orders (geometric mean). A baseline that
+cannot run the precision (status unsupported) is left out; a `fail_accuracy` baseline is left out
+too (a wrong answer is no target). PASS when aio's combined median is at most the best baseline's,
+or slower only within noise (the 95% confidence intervals of the two medians overlap in both orders).
 
     python benchmarks/aio_vs_baselines.py [--models resnet_50_v1,mobilenet_v2,bert_base,distilbert_base]
         [--precisions fp32,bf16] [--threads 2] [--timeout 30] [--output results/aio_vs_baselines]
@@ -33,27 +37,28 @@ def main() -> int:
     rows, ok = [], True
     for model in args.models.split(","):
         for precision in args.precisions.split(","):
-            records = _measure(model, precision, args, out)
-            row = _compare(model, precision, records)
+            runs = [_measure(model, precision, args, out, aio_first) for aio_first in (True, False)]
+            row = _compare(model, precision, runs)
             rows.append(row)
             ok &= row["verdict"].startswith("PASS")
             print(_line(row), flush=True)
-    print("\n| model | precision | aio (strategy) | best baseline | aio / best | verdict |")
+    print("\n| model | precision | aio (strategy) | best baseline | aio / best (aio first, last) | verdict |")
     print("|---|---|---|---|---|---|")
     for row in rows:
         print(f"| {row['model']} | {row['precision']} | {_ms(row['aio'])} ({row['strategy']}) | "
-              f"{row['best']} {_ms(row['best_ms'])} | {_ratio(row)} | {row['verdict']} |")
+              f"{row['best']} {_ms(row['best_ms'])} | {_ratio(row)} ({row['orders']}) | {row['verdict']} |")
     print("\nall PASS" if ok else "\nsome FAIL")
     return 0 if ok else 1
 
 
-def _measure(model, precision, args, out) -> list[dict]:
-    """One process per model x precision: aio and the baselines measured in interleaved rounds."""
-    folder = out / f"{model}-{precision}"
+def _measure(model, precision, args, out, aio_first: bool) -> list[dict]:
+    """One process per model x precision x order: aio and the baselines measured in interleaved rounds."""
+    folder = out / f"{model}-{precision}-aio-{'first' if aio_first else 'last'}"
+    order = ("aio", *BASELINES) if aio_first else (*BASELINES, "aio")
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "results.jsonl"
     start = len(path.read_text().splitlines()) if path.exists() else 0
-    cmd = [sys.executable, "-m", "aio_examples", "run", model, "--backend", ",".join(("aio", *BASELINES)),
+    cmd = [sys.executable, "-m", "aio_examples", "run", model, "--backend", ",".join(order),
            "-p", precision, "-t", str(args.threads), "-b", str(args.batch_size), "--timeout", str(args.timeout),
            "--output", str(folder)]
     subprocess.run(cmd, check=False)
@@ -61,27 +66,38 @@ def _measure(model, precision, args, out) -> list[dict]:
     return [json.loads(line) for line in lines]
 
 
-def _compare(model, precision, records) -> dict:
-    by = {r["backend"]: r for r in records if r["precision"] == precision}
-    aio = by.get("aio")
+def _compare(model, precision, runs: list[list[dict]]) -> dict:
+    """Combine the two preparation orders: geometric mean of each backend's medians over the runs."""
+    bys = [{r["backend"]: r for r in records if r["precision"] == precision} for records in runs]
     row = {"model": model, "precision": precision, "aio": None, "strategy": "-", "best": "-", "best_ms": None,
-           "verdict": "FAIL"}
-    # The verdict can be recomputed from the records: python benchmarks/aio_vs_baselines.py --render-only
-    if not aio or aio["status"] != "ok":
-        row["strategy"] = f"{aio['status']}: {aio['reason']}" if aio else "missing"
+           "orders": "-", "verdict": "FAIL"}
+    aios = [by.get("aio") for by in bys]
+    if not all(a and a["status"] == "ok" for a in aios):
+        bad = next((a for a in aios if not a or a["status"] != "ok"), None)
+        row["strategy"] = f"{bad['status']}: {bad['reason']}" if bad else "missing"
         return row
-    row.update(aio=aio["latency_ms"]["median"], strategy=aio.get("strategy"))
-    baselines = {b: by[b] for b in BASELINES if b in by and by[b]["status"] == "ok"}
+    row.update(aio=_geomean([a["latency_ms"]["median"] for a in aios]),
+               strategy="/".join(dict.fromkeys(a.get("strategy") or "-" for a in aios)))
+    baselines = {b: [by[b] for by in bys] for b in BASELINES
+                 if all(b in by and by[b]["status"] == "ok" for by in bys)}
     if not baselines:
         row["verdict"] = "PASS (no baseline runs)"
         return row
-    best = min(baselines, key=lambda b: baselines[b]["latency_ms"]["median"])
-    best_lat = baselines[best]["latency_ms"]
-    row.update(best=best, best_ms=best_lat["median"])
-    # Slower by more than noise = the 95% confidence intervals of the two medians do not overlap.
-    overlap = aio["latency_ms"]["ci_low"] <= best_lat["ci_high"]
-    row["verdict"] = "PASS" if row["aio"] <= best_lat["median"] else "PASS (within noise)" if overlap else "FAIL"
+    combined = {b: _geomean([r["latency_ms"]["median"] for r in recs]) for b, recs in baselines.items()}
+    best = min(combined, key=combined.get)
+    row.update(best=best, best_ms=combined[best],
+               orders=", ".join(f"{a['latency_ms']['median'] / r['latency_ms']['median']:.3f}"
+                                for a, r in zip(aios, baselines[best])))
+    # Slower by more than noise = in some order the 95% confidence intervals of the two medians do not overlap.
+    overlap = all(a["latency_ms"]["ci_low"] <= r["latency_ms"]["ci_high"] for a, r in zip(aios, baselines[best]))
+    row["verdict"] = "PASS" if row["aio"] <= row["best_ms"] else "PASS (within noise)" if overlap else "FAIL"
     return row
+
+
+def _geomean(values) -> float:
+    import math
+
+    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 def _ms(value) -> str:
@@ -94,7 +110,8 @@ def _ratio(row) -> str:
 
 def _line(row) -> str:
     return (f"{row['model']} {row['precision']}: aio {_ms(row['aio'])} ({row['strategy']}), best baseline "
-            f"{row['best']} {_ms(row['best_ms'])}, ratio {_ratio(row)}: {row['verdict']}")
+            f"{row['best']} {_ms(row['best_ms'])}, ratio {_ratio(row)} (aio first, last: {row['orders']}): "
+            f"{row['verdict']}")
 
 
 if __name__ == "__main__":
