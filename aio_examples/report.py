@@ -267,7 +267,7 @@ def _img(path: Path | None, alt: str) -> str:
            f'{html.escape(alt)}</figcaption></figure>'
 
 
-STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;
+STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;display:block;overflow-x:auto;
 font-size:12px;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}th{background:#f3f3f3}
 td:first-child{text-align:left}img{max-width:100%}.bad{color:#a00}figure{margin:1em 0}"""
 
