@@ -33,6 +33,7 @@ def images(nb) -> int:
     return sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
 
 
+@pytest.mark.slow          # about a minute each: the second tier (the dashboard runs in the first)
 @pytest.mark.parametrize("path", sorted(SMALL))
 def test_example_notebook_runs_and_draws(path):
     nb = execute(path, SMALL[path])

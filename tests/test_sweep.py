@@ -72,6 +72,7 @@ def test_a_small_sweep_binds_each_point_to_its_cores_and_resumes_without_duplica
     assert records(out) == first
 
 
+@pytest.mark.slow      # several sweeps of their own: the second tier
 def test_a_hanging_point_and_a_point_that_kills_itself_get_records_and_the_sweep_goes_on(tmp_path):
     out = tmp_path / "sweep"
     hang = sweep(out, "--backends", "torchscript,eager", "--threads", "1", "--point-timeout", "20",
@@ -87,6 +88,7 @@ def test_a_hanging_point_and_a_point_that_kills_itself_get_records_and_the_sweep
     assert all(r["point_id"] for r in by_backend.values())
 
 
+@pytest.mark.slow      # several sweeps of their own: the second tier
 def test_a_driver_killed_mid_sweep_loses_nothing_and_the_rerun_finishes_without_duplicates(tmp_path):
     out = tmp_path / "sweep"
     args = [sys.executable, "-m", "aio_examples", "sweep", *SMALL, "--output", str(out), "--backends",
@@ -125,6 +127,7 @@ def test_ctrl_c_stops_cleanly_saying_what_is_done(tmp_path):
     assert len(records(out)) == 1          # the point in progress was stopped, not half-written
 
 
+@pytest.mark.slow      # several sweeps of their own: the second tier
 def test_openvino_under_a_preloaded_allocator_is_unsupported_with_why(tmp_path):
     if allocators.library("tcmalloc") is None:
         pytest.skip("tcmalloc is not installed")
