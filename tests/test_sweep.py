@@ -151,7 +151,8 @@ def test_two_instances_on_disjoint_cores_sum_their_throughput(tmp_path):
                     "--output", str(tmp_path)])
     assert proc.returncode == 0, proc.stderr[-2000:]
     rs = records(tmp_path)
-    instances, agg = rs[:-1], rs[-1]
+    instances = sorted(rs[:-1], key=lambda r: r["instance"]["index"])     # written as each one finishes
+    agg = rs[-1]
     assert [r["instance"]["index"] for r in instances] == [0, 1] and agg["instance"]["aggregate"]
     cores = [set(r["binding"]["cores"]) for r in instances]
     assert not cores[0] & cores[1] and all(r["binding"]["affinity"] == sorted(c) for r, c in zip(instances, cores))
@@ -205,3 +206,13 @@ def test_sweep_config_files_validate_and_bad_keys_are_named(tmp_path):
         SweepConfig.from_toml(bad)
     over = SweepConfig.from_toml(ROOT / "sweeps" / "quick.toml", {"threads": [1], "output": str(tmp_path)})
     assert over.threads == [1] and over.output == str(tmp_path)
+
+
+def test_an_instance_that_dies_before_the_start_gives_a_failed_aggregate_with_the_reason(tmp_path):
+    proc = run_cli(["-m", "aio_examples", "throughput", "squeezenet", "--instances", "2", "--threads-per-instance",
+                    "1", "--backend", "eager", "--input-size", "32", "--timeout", "1", "--output", str(tmp_path)],
+                   env=fault_env(tmp_path, "1/2", "kill"))             # instance 1 of 2 kills itself
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    agg = records(tmp_path)[-1]
+    assert agg["status"] == "failed" and agg["instance"]["aggregate"]
+    assert "instance 1 ended before the start: killed by SIGKILL" in agg["reason"]

@@ -88,11 +88,14 @@ def _build(symbols, out_dir: Path) -> list[Path]:
         mine = [s for s in symbols if s[0].replace("_ZNK", "_ZN", 1).startswith(prefix)]
         target = out_dir / soname
         if not target.exists():
-            src = out_dir / (soname + ".c")
+            # Per-process names: several processes of a sweep or a multi-instance run may build at once,
+            # and the last atomic rename wins with an identical library.
+            src = out_dir / f"{soname}.{os.getpid()}.c"
             src.write_text(stub_source(mine))
-            tmp = out_dir / (soname + ".tmp")
+            tmp = out_dir / f"{soname}.{os.getpid()}.tmp"
             _run([cc, "-shared", "-fPIC", "-O1", f"-Wl,-soname,{soname}", "-o", str(tmp), str(src)])
             tmp.replace(target)
+            src.unlink()
         libs.append(target)
     return libs
 
