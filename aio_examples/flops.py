@@ -2,7 +2,7 @@
 
 import json
 
-from .paths import cache_dir
+from .paths import cache_dir, write_json_atomic
 
 
 def count_flops(spec, shape: dict) -> int:
@@ -32,7 +32,5 @@ def cached_flops(spec, shape: dict) -> int:
         table = {}
     if key not in table:
         table[key] = count_flops(spec, shape)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
-        tmp.replace(path)
+        write_json_atomic(path, table, indent=1, sort_keys=True)
     return table[key]

@@ -9,7 +9,6 @@ instance. Per-instance latencies are kept in their own records.
 """
 
 import json
-import os
 import shutil
 import tempfile
 import time
@@ -21,6 +20,7 @@ from .binding import plan, probe
 from .errors import UsageError
 from .launch import Isolated
 from .log import logger
+from .paths import write_json_atomic
 from .stats import summarize
 
 GO_FILE = "go.json"
@@ -107,9 +107,7 @@ def run_throughput(model: str, backend: str, precision: str, batch_size: int, in
             children.append(Isolated(argv, env=point_env(point, binding), prefix=binding.prefix()))
         failure = _wait_ready(children, barrier, prepare_timeout_s)
         if failure is None:
-            tmp = barrier / (GO_FILE + ".tmp")
-            tmp.write_text(json.dumps({"start_ns": time.monotonic_ns() + int(START_DELAY_S * 1e9)}))
-            os.replace(tmp, barrier / GO_FILE)
+            write_json_atomic(barrier / GO_FILE, {"start_ns": time.monotonic_ns() + int(START_DELAY_S * 1e9)})
             outcomes = [c.wait(window_s + 120) for c in children]
             bad = [(i, o) for i, o in enumerate(outcomes) if o.crashed]
             if bad:

@@ -1,5 +1,6 @@
 """Where the harness keeps files it makes: always outside the source tree."""
 
+import json
 import os
 from pathlib import Path
 
@@ -14,3 +15,11 @@ def cache_dir(*parts: str) -> Path:
     path = base.joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def write_json_atomic(path: Path, data, **dump_options) -> None:
+    """Write JSON so a reader sees the old file or the new one, never half of one. The temporary name
+    is per process: sweeps and multi-instance runs start several processes that write the same caches."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, **dump_options))
+    os.replace(tmp, path)

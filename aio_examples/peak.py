@@ -13,7 +13,7 @@ import time
 
 from .environment import capture
 from .launch import run_isolated
-from .paths import cache_dir
+from .paths import cache_dir, write_json_atomic
 
 PEAK_PRECISIONS = ("fp32", "bf16")
 SIZE = 2048                    # large enough to be compute bound, small enough to take ~0.1 s a pass
@@ -49,13 +49,13 @@ def measure_peaks(precisions, threads_list, timeout_s: float = 300.0) -> dict:
     """Measure every (precision, threads) in a fresh process; merge into the machine's cached table."""
     import os
 
+    path = cache_path()
+    part = path.with_name(path.name + ".part")
     table = cached() or {"fingerprint": fingerprint(), "peaks": {}}
     for precision in precisions:
         for threads in threads_list:
             env = {**os.environ, "OMP_NUM_THREADS": str(threads), "AIO_NUM_THREADS": str(threads)}
-            outcome = run_isolated(["-m", "aio_examples.peak", precision, str(threads), str(cache_path()) + ".part"],
-                                   timeout_s, env=env)
-            part = cache_path().with_name(cache_path().name + ".part")
+            outcome = run_isolated(["-m", "aio_examples.peak", precision, str(threads), str(part)], timeout_s, env=env)
             try:
                 engines = json.loads(part.read_text())
                 part.unlink()
@@ -65,11 +65,8 @@ def measure_peaks(precisions, threads_list, timeout_s: float = 300.0) -> dict:
             best = max(speeds, key=speeds.get) if speeds else None
             table["peaks"].setdefault(precision, {})[str(threads)] = {
                 "gflops": speeds[best] if best else None, "engine": best, "engines": engines}
-    path = cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(table, indent=1))
-    tmp.replace(path)
+    write_json_atomic(path, table, indent=1)
     return table
 
 

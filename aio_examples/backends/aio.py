@@ -205,6 +205,6 @@ def _load_decision(path) -> dict | None:
 
 
 def _save_decision(path, decision: dict) -> None:
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(decision, indent=1))
-    os.replace(tmp, path)
+    from ..paths import write_json_atomic
+
+    write_json_atomic(path, decision, indent=1)
