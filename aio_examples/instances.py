@@ -18,7 +18,7 @@ from pathlib import Path
 from . import results as res
 from .binding import plan, probe
 from .errors import UsageError
-from .launch import Isolated
+from .launch import Isolated, run_argv
 from .log import logger
 from .paths import write_json_atomic
 from .stats import summarize
@@ -100,10 +100,10 @@ def run_throughput(model: str, backend: str, precision: str, batch_size: int, in
         for index, cores in enumerate(cpu_sets):
             binding = probe(plan(topology, cores))
             bindings.append(binding)
-            argv = ["-m", "aio_examples", "run", model, "--backend", backend, "-p", precision, "-b", str(batch_size),
-                    "-t", str(threads_per_instance), "--timeout", str(window_s), "--output", str(out), "--json",
-                    "--instance", f"{index}/{instances}", "--barrier", str(barrier), "--group", group,
-                    "--point-id", f"{group}-{index}", *point.shape_args()]
+            argv = run_argv(model, shape, backend=backend, precision=precision, batch_size=batch_size,
+                            threads=threads_per_instance, timeout=window_s, output=out, json=True,
+                            instance=f"{index}/{instances}", barrier=barrier, group=group,
+                            point_id=f"{group}-{index}")
             children.append(Isolated(argv, env=point_env(point, binding), prefix=binding.prefix()))
         failure = _wait_ready(children, barrier, prepare_timeout_s)
         if failure is None:
@@ -147,10 +147,9 @@ def _wait_ready(children, barrier: Path, timeout_s: float):
 def _aggregate_record(spec, point, shape, instances, cpu_sets, bindings, records, group, failure) -> res.Result:
     layout = [{"index": i, "cores": list(cores), "binding": b.method, "membind": list(b.membind or []) or None}
               for i, (cores, b) in enumerate(zip(cpu_sets, bindings))]
-    r = res.Result(model=spec.name, task=spec.task, backend=point.backend, precision=point.precision,
-                   batch_size=point.batch_size, threads=point.threads,
-                   input_shape=spec.input_shape(point.batch_size, spec.shape(**shape)), instances=instances,
-                   point_id=f"{group}-aggregate", warnings=[w for b in bindings for w in b.warnings])
+    r = res.Result.for_config(spec, point.backend, point.precision, point.batch_size, point.threads,
+                              spec.shape(**shape), instances=instances, point_id=f"{group}-aggregate",
+                              warnings=[w for b in bindings for w in b.warnings])
     r.instance = {"aggregate": True, "group": group, "layout": layout}
     not_ok = [x for x in records if x["status"] != "ok"]
     if not_ok:         # an instance's own answer (e.g. unsupported) says more than how its process ended

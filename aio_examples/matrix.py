@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from . import results as res
-from .launch import run_isolated
+from .launch import run_argv, run_isolated
 from .log import logger
 
 README_START = "<!-- support-matrix:start (aio-examples matrix --readme README.md) -->"
@@ -36,16 +36,13 @@ def run_matrix(models, backends, precisions, out_dir: Path, threads: int | None,
     done = _cells(out_dir)
     for model in models:
         spec = get_model(model)
-        shape_args = [a for k, v in spec.smoke_shape().items() for a in (f"--{k.replace('_', '-')}", str(v))]
         for backend in backends:
             todo = [p for p in precisions if (model, backend, p) not in done]
             if not todo:
                 continue
             logger.info("matrix: %s on %s at %s", model, backend, ",".join(todo))
-            base = ["-m", "aio_examples", "run", model, "--backend", backend, "--num-runs", str(num_runs),
-                    "--timeout", "10", "--output", str(out_dir), *shape_args]
-            if threads:
-                base += ["-t", str(threads)]
+            base = run_argv(model, spec.smoke_shape(), backend=backend, num_runs=num_runs, timeout=10,
+                            output=out_dir, threads=threads or None)
             outcome = run_isolated([*base, "-p", ",".join(todo)], point_timeout_s * len(todo))
             if not outcome.crashed:
                 continue
@@ -61,10 +58,8 @@ def run_matrix(models, backends, precisions, out_dir: Path, threads: int | None,
 def _record_crash(out_dir, spec, backend, precision, threads, outcome) -> None:
     status = "timeout" if outcome.timed_out else "failed"
     logger.warning("matrix: %s/%s/%s %s: %s", spec.name, backend, precision, status, outcome.reason)
-    shape = spec.smoke_shape()
-    res.append(out_dir, res.Result(model=spec.name, task=spec.task, backend=backend, precision=precision,
-                                   batch_size=1, threads=threads or 0, input_shape={"batch_size": 1, **shape},
-                                   status=status, reason=outcome.reason))
+    res.append(out_dir, res.Result.for_config(spec, backend, precision, 1, threads or 0, spec.smoke_shape(),
+                                              status=status, reason=outcome.reason))
 
 
 def render(out_dir: Path, models, backends, precisions) -> str:

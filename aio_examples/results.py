@@ -67,6 +67,13 @@ class Result:
         if self.status not in STATUSES:
             raise ValueError(f"status {self.status!r} is not one of {STATUSES}")
 
+    @classmethod
+    def for_config(cls, spec, backend: str, precision: str, batch_size: int, threads: int, shape: dict,
+                   **fields) -> "Result":
+        """A record its caller fills: a point whose process crashed or never started, or an aggregate."""
+        return cls(model=spec.name, task=spec.task, backend=backend, precision=precision, batch_size=batch_size,
+                   threads=threads, input_shape=spec.input_shape(batch_size, shape), **fields)
+
     @property
     def median_ms(self) -> float | None:
         return (self.latency_ms or {}).get("median")

@@ -20,7 +20,7 @@ from . import allocators
 from . import results as res
 from .binding import plan, probe
 from .errors import UnsupportedError, UsageError
-from .launch import DRIVER_PID_ENV, run_isolated
+from .launch import DRIVER_PID_ENV, run_argv, run_isolated
 from .log import logger
 from .topology import numa_cpus_from_env, read_topology
 
@@ -47,9 +47,6 @@ class Point:
         extra = "".join(f" {k}={v}" for k, v in self.shape)
         alloc = "" if self.allocator == "default" else f" [{self.allocator}]"
         return f"{self.model} {self.backend} {self.precision} b{self.batch_size} t{self.threads}{alloc}{extra}"
-
-    def shape_args(self) -> list[str]:
-        return [a for k, v in self.shape for a in (f"--{k.replace('_', '-')}", str(v))]
 
 
 @dataclass
@@ -172,9 +169,9 @@ def run_point(point: Point, cfg: SweepConfig, out: Path, topology, numa_cpus=Non
         env = point_env(point, binding)
     except UnsupportedError as exc:
         return _record(out, point, spec, "unsupported", str(exc), binding)
-    argv = ["-m", "aio_examples", "run", point.model, "--backend", point.backend, "-p", point.precision,
-            "-b", str(point.batch_size), "-t", str(point.threads), "--timeout", str(cfg.timeout),
-            "--output", str(out), "--point-id", point.point_id, "--json", *point.shape_args()]
+    argv = run_argv(point.model, dict(point.shape), backend=point.backend, precision=point.precision,
+                    batch_size=point.batch_size, threads=point.threads, timeout=cfg.timeout, output=out,
+                    point_id=point.point_id, json=True)
     outcome = run_isolated(argv, cfg.point_timeout, env=env, prefix=binding.prefix())
     written = [r for r in res.load(out) if r.get("point_id") == point.point_id] if (out / "results.jsonl").exists() \
         else []
@@ -185,13 +182,11 @@ def run_point(point: Point, cfg: SweepConfig, out: Path, topology, numa_cpus=Non
 
 
 def _record(out, point: Point, spec, status: str, reason: str, binding) -> str:
-    shape = spec.shape(**dict(point.shape))
-    r = res.Result(model=point.model, task=spec.task, backend=point.backend, precision=point.precision,
-                   batch_size=point.batch_size, threads=point.threads,
-                   input_shape=spec.input_shape(point.batch_size, shape), status=status, reason=reason,
-                   binding={"method": binding.method, "cores": list(binding.cores),
-                            "membind": list(binding.membind) if binding.membind else None},
-                   warnings=list(binding.warnings), point_id=point.point_id)
+    r = res.Result.for_config(spec, point.backend, point.precision, point.batch_size, point.threads,
+                              spec.shape(**dict(point.shape)), status=status, reason=reason,
+                              binding={"method": binding.method, "cores": list(binding.cores),
+                                       "membind": list(binding.membind) if binding.membind else None},
+                              warnings=list(binding.warnings), point_id=point.point_id)
     r.env = {"allocator": point.allocator}
     res.append(out, r)
     logger.warning("sweep: %s %s: %s", point.label, status, reason)
