@@ -118,8 +118,7 @@ def run_throughput(model: str, backend: str, precision: str, batch_size: int, in
         raise
     finally:
         shutil.rmtree(barrier, ignore_errors=True)
-    written = res.load(out) if (out / "results.jsonl").exists() else []      # instances that died wrote nothing
-    records = [r for r in written if r.get("instance") and r["instance"].get("group") == group]
+    records = [r for r in res.records_in(out) if r.get("instance") and r["instance"].get("group") == group]
     records.sort(key=lambda r: r["instance"]["index"])
     agg = _aggregate_record(spec, point, shape, instances, cpu_sets, bindings, records, group, failure)
     res.append(out, agg)

@@ -20,12 +20,7 @@ MARKS = {"ok": "ok", "fail_accuracy": "FAIL acc", "unsupported": "n/a", "failed"
 
 def _cells(out_dir: Path) -> dict:
     """Latest record per (model, backend, precision) in a matrix folder."""
-    path = out_dir / "results.jsonl"
-    cells = {}
-    if path.exists():
-        for r in res.load(path):
-            cells[(r["model"], r["backend"], r["precision"])] = r
-    return cells
+    return {(r["model"], r["backend"], r["precision"]): r for r in res.records_in(out_dir)}
 
 
 def run_matrix(models, backends, precisions, out_dir: Path, threads: int | None, point_timeout_s: float,

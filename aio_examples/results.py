@@ -125,20 +125,34 @@ def append(out_dir: Path, result: Result) -> Path:
     return path
 
 
-def load(path) -> list[dict]:
-    """Records of a results.jsonl file (or of `results.jsonl` inside a folder)."""
+def load(path, since: int = 0) -> list[dict]:
+    """Records of a results.jsonl file (or of `results.jsonl` inside a folder), from byte offset `since`."""
     path = Path(path)
     if path.is_dir():
         path = path / "results.jsonl"
     records = []
-    with open(path) as fh:
+    with open(path, "rb") as fh:
+        fh.seek(since)
         for number, line in enumerate(fh, 1):
             if line.strip():
                 try:
                     records.append(json.loads(line))
                 except json.JSONDecodeError as exc:
-                    raise UsageError(f"{path}:{number} is not a JSON record ({exc.msg})") from exc
+                    where = f"{path}:{number}" if not since else f"{path}, line {number} after byte {since},"
+                    raise UsageError(f"{where} is not a JSON record ({exc.msg})") from exc
     return records
+
+
+def records_in(out_dir, since: int = 0) -> list[dict]:
+    """Records in `<out_dir>/results.jsonl` (from byte `since`); none while nothing has been written."""
+    path = Path(out_dir) / "results.jsonl"
+    return load(path, since) if path.exists() else []
+
+
+def end_offset(out_dir) -> int:
+    """Where the next record of `<out_dir>/results.jsonl` will start: read only what a run adds after it."""
+    path = Path(out_dir) / "results.jsonl"
+    return path.stat().st_size if path.exists() else 0
 
 
 def format_table(results: list[Result]) -> str:

@@ -144,8 +144,7 @@ class SweepSummary:
 
 
 def finished_points(out: Path) -> set[str]:
-    path = out / "results.jsonl"
-    return {r["point_id"] for r in res.load(path) if r.get("point_id")} if path.exists() else set()
+    return {r["point_id"] for r in res.records_in(out) if r.get("point_id")}
 
 
 def point_env(point: Point, binding, base=None) -> dict:
@@ -172,9 +171,9 @@ def run_point(point: Point, cfg: SweepConfig, out: Path, topology, numa_cpus=Non
     argv = run_argv(point.model, dict(point.shape), backend=point.backend, precision=point.precision,
                     batch_size=point.batch_size, threads=point.threads, timeout=cfg.timeout, output=out,
                     point_id=point.point_id, json=True)
+    start = res.end_offset(out)       # read back only what this point appends, not the whole sweep again
     outcome = run_isolated(argv, cfg.point_timeout, env=env, prefix=binding.prefix())
-    written = [r for r in res.load(out) if r.get("point_id") == point.point_id] if (out / "results.jsonl").exists() \
-        else []
+    written = [r for r in res.records_in(out, start) if r.get("point_id") == point.point_id]
     if written:
         return written[-1]["status"]
     status = "timeout" if outcome.timed_out else "failed"
@@ -225,7 +224,7 @@ def run_sweep(cfg: SweepConfig, quiet: bool = False) -> SweepSummary:
     finally:
         bar.close()
     ids = {p.point_id for p in todo}
-    mine = [r for r in res.load(out) if r.get("point_id") in ids] if (out / "results.jsonl").exists() else []
+    mine = [r for r in res.records_in(out) if r.get("point_id") in ids]
     summary = SweepSummary(len(points), len(points) - len(todo), statuses,
                            sum(r.get("prepare_s") or 0 for r in mine),
                            sum((r.get("warmup") or {}).get("seconds") or 0 for r in mine),
