@@ -246,11 +246,17 @@ def _list(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
+def _shape_overrides(args) -> dict:
+    """The shape flags the user gave (input size, sequence length, new tokens), for sweeps and instances."""
+    from .sweep import SHAPE_KEYS
+
+    return {k: getattr(args, k) for k in SHAPE_KEYS if getattr(args, k, None) is not None}
+
+
 def do_sweep(args) -> int:
     from .sweep import SweepConfig, run_sweep
 
-    shape = {k: v for k, v in (("input_size", args.input_size), ("seq_len", args.seq_len),
-                               ("new_tokens", args.new_tokens)) if v is not None}
+    shape = _shape_overrides(args)
     overrides = {"models": args.models or None, "backends": args.backends, "precisions": args.precisions,
                  "batch_sizes": args.batch_sizes, "threads": args.threads, "allocators": args.allocators,
                  "timeout": args.timeout, "point_timeout": args.point_timeout, "output": args.output,
@@ -280,7 +286,7 @@ def do_throughput(args) -> int:
     get_backend(args.backend)
     valid_allocator(args.allocator)
     out = check_output_dir(args.output)
-    shape = {k: v for k, v in (("input_size", args.input_size), ("seq_len", args.seq_len)) if v is not None}
+    shape = _shape_overrides(args)
     numa = numa_cpus_from_env()
     records = run_throughput(args.model, args.backend, args.precision, args.batch_size, args.instances,
                              args.threads_per_instance, args.timeout, out, shape, args.allocator, numa_cpus=numa)
@@ -425,24 +431,16 @@ def _guard(fn) -> int:
         return 1
 
 
+COMMANDS = {"list": do_list, "matrix": do_matrix, "sweep": do_sweep, "throughput": do_throughput,
+            "report": do_report, "peak": do_peak, "setup": do_setup}
+
+
 def main(argv=None) -> int:
     def go():
         args = build_parser().parse_args(argv)
         if args.command == "run":
             return do_run(args.model, args)
-        if args.command == "list":
-            return do_list(args)
-        if args.command == "matrix":
-            return do_matrix(args)
-        if args.command == "sweep":
-            return do_sweep(args)
-        if args.command == "throughput":
-            return do_throughput(args)
-        if args.command == "report":
-            return do_report(args)
-        if args.command == "peak":
-            return do_peak(args)
-        return do_setup(args)
+        return COMMANDS[args.command](args)
     return _guard(go)
 
 

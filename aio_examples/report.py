@@ -162,38 +162,37 @@ def plot_suite(table, setting, path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def _line_plot(rows, x: str, y: str, ylabel: str, title: str, path: Path) -> Path | None:
+    """One line per backend x precision of `y` against `x`; nothing when `x` has a single value."""
+    if rows[x].nunique() < 2:
+        return None
+    fig, ax = _figure()
+    for (backend, precision), g in rows.groupby(["backend", "precision"]):
+        g = g.sort_values(x)
+        ax.plot(g[x], g[y], marker="o", label=f"{backend} {precision}")
+    ax.set_xlabel(x.replace("_", " "))
+    ax.set_ylabel(ylabel)
+    ax.set_xticks(sorted(rows[x].unique()))
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
 def plot_model(df, model: str, folder: Path) -> dict:
     """Latency vs threads, throughput vs batch size, and precisions, for one model (ok rows only)."""
     ok = df[(df.model == model) & (df.status == "ok") & (df.instances == 1) & (df.allocator == "default")]
-    plots = {}
     if ok.empty:
-        return plots
-    batch = ok.batch_size.min()
-    by_threads = ok[ok.batch_size == batch]
-    if by_threads.threads.nunique() > 1:
-        fig, ax = _figure()
-        for (backend, precision), g in by_threads.groupby(["backend", "precision"]):
-            g = g.sort_values("threads")
-            ax.plot(g.threads, g.median_ms, marker="o", label=f"{backend} {precision}")
-        ax.set_xlabel("threads")
-        ax.set_ylabel("median latency (ms)")
-        ax.set_xticks(sorted(by_threads.threads.unique()))
-        ax.set_title(f"{model}: latency vs threads, batch {batch}")
-        ax.legend(fontsize=7)
-        plots["latency vs threads"] = _save(fig, folder / f"{model}-threads.png")
-    threads = ok.threads.max()
-    by_batch = ok[ok.threads == threads]
-    if by_batch.batch_size.nunique() > 1:
-        fig, ax = _figure()
-        for (backend, precision), g in by_batch.groupby(["backend", "precision"]):
-            g = g.sort_values("batch_size")
-            ax.plot(g.batch_size, g.throughput, marker="o", label=f"{backend} {precision}")
-        ax.set_xlabel("batch size")
-        ax.set_ylabel(f"throughput ({ok.unit.iloc[0]})")
-        ax.set_xticks(sorted(by_batch.batch_size.unique()))
-        ax.set_title(f"{model}: throughput vs batch size, {threads} thread(s)")
-        ax.legend(fontsize=7)
-        plots["throughput vs batch size"] = _save(fig, folder / f"{model}-batch.png")
+        return {}
+    batch, threads = ok.batch_size.min(), ok.threads.max()
+    plots = {}
+    path = _line_plot(ok[ok.batch_size == batch], "threads", "median_ms", "median latency (ms)",
+                      f"{model}: latency vs threads, batch {batch}", folder / f"{model}-threads.png")
+    if path:
+        plots["latency vs threads"] = path
+    path = _line_plot(ok[ok.threads == threads], "batch_size", "throughput", f"throughput ({ok.unit.iloc[0]})",
+                      f"{model}: throughput vs batch size, {threads} thread(s)", folder / f"{model}-batch.png")
+    if path:
+        plots["throughput vs batch size"] = path
     at = ok[(ok.batch_size == batch) & (ok.threads == threads)]
     if at.precision.nunique() > 1:
         pivot = at.pivot_table(index="backend", columns="precision", values="median_ms", aggfunc="first")
