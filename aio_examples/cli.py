@@ -339,6 +339,80 @@ def do_peak(args) -> int:
     return 0
 
 
+def do_compare(args) -> int:
+    from . import compare as cmp
+
+    threshold = cmp.parse_threshold(args.threshold)
+    baseline, new = cmp.load_run(args.baseline, args.history), cmp.load_run(args.new, args.history)
+    comparison = cmp.compare(baseline, new, threshold, args.confidence, _list(args.ignore) if args.ignore else ())
+    text = cmp.render(comparison, args.format)
+    if args.output:
+        Path(args.output).write_text(text)
+        print(cmp.summary_line(comparison) + f" -> {args.output}")
+    else:
+        print(text)
+    return comparison.exit_code
+
+
+def do_history(args) -> int:
+    from .history import History, plot_series
+
+    if args.action == "add":
+        from .compare import load_run
+
+        run = load_run(args.results)
+        with History.open(args.history) as h:
+            run_id, fresh = h.add(run, label=args.label)
+            print(f"{'stored' if fresh else 'already stored'}: {len(run.records)} records of {args.results} as "
+                  f"history:{run_id} in {h.path}")
+        return 0
+    with History.open(args.history, create=False) as h:
+        if args.action == "list":
+            rows = h.runs()
+            for r in rows:
+                torch_v = r["versions"].get("torch", "?")
+                print(f"history:{r['id']:<4} {r['started_at'] or '?':25} {r['records']:4} records  torch {torch_v}  "
+                      f"git {(r['git_commit'] or '?')[:10]}  {r['machine_desc'] or '?'}  {r['label'] or r['source']}")
+            print(f"{len(rows)} run(s) in {h.path}")
+            return 0
+        rows = h.series(args.model, backend=args.backend, precision=args.precision, batch_size=args.batch_size,
+                        threads=args.threads)
+    if not rows:
+        raise UsageError(f"no stored records of {args.model!r} with those filters in {str(h.path)!r}; accepted: "
+                         "a model and filters of a stored run (see 'aio-examples history list')")
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    if args.format == "json":
+        print(df.to_json(orient="records", indent=1))
+    elif args.format == "csv":
+        print(df.to_csv(index=False), end="")
+    else:
+        shown = df.drop(columns=["ci_low", "ci_high", "allocator"])
+        print(shown.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    plot = Path(args.plot) if args.plot else h.path.parent / f"history-{args.model}.png"
+    title = f"{args.model}" + "".join(f", {k} {v}" for k, v in (("backend", args.backend), ("precision", args.precision),
+                                                                ("batch", args.batch_size), ("threads", args.threads)) if v)
+    print(f"trend plot: {plot_series(rows, title, plot)}")
+    return 0
+
+
+def do_nightly(args) -> int:
+    from .compare import parse_threshold
+    from .nightly import nightly
+
+    code, info = nightly(args.results, args.baseline, args.history, parse_threshold(args.threshold), args.output)
+    print(f"stored as history:{info['run_id']} in {info['history']}" + ("" if info["stored"] else " (already there)"))
+    if info["baseline"] is None:
+        print(info["text"], end="")
+        return code
+    print(f"compared with {info['baseline']}: {info['summary']}")
+    print(f"regression report: {info['md']}, {info['html']}, {info['json']}")
+    if code:
+        print("REGRESSION: see the report", file=sys.stderr)
+    return code
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Benchmark CPU inference with PyTorch across backends and precisions.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -398,6 +472,41 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="report.html, summary.csv/md and plots from result files or folders")
     rp.add_argument("results", nargs="+", help="results.jsonl files or folders holding them")
     rp.add_argument("--output", default="report", help="folder to write into (default ./report)")
+    history_help = "the history database (default results/history.sqlite, or AIO_HISTORY)"
+    cp = sub.add_parser("compare", help="what got slower between two runs (exit 1 on a regression)")
+    cp.add_argument("baseline", help="results folder or file, or history:ID / history:latest")
+    cp.add_argument("new", help="results folder or file, or history:ID / history:latest")
+    cp.add_argument("--threshold", default="5%", help="smallest change that matters (default 5%%)")
+    cp.add_argument("--confidence", type=float, default=0.95, help="level of the intervals (default 0.95)")
+    cp.add_argument("--format", default="md", help="md (default), html or json")
+    cp.add_argument("--output", default=None, help="write to this file instead of printing")
+    cp.add_argument("--ignore", default=None,
+                    help="comma list of fields left out of matching: threads, batch_size, instances, allocator, "
+                         "shape, machine")
+    cp.add_argument("--history", default=None, help=history_help)
+    hp = sub.add_parser("history", help="the history store of runs: add, list, show")
+    hsub = hp.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    ha = hsub.add_parser("add", help="store a run's records")
+    ha.add_argument("results", help="results folder or results.jsonl")
+    ha.add_argument("--label", default=None)
+    hl = hsub.add_parser("list", help="the stored runs")
+    hs = hsub.add_parser("show", help="trend of a model's configurations: table and plot")
+    hs.add_argument("model")
+    hs.add_argument("--backend", default=None)
+    hs.add_argument("-p", "--precision", default=None)
+    hs.add_argument("-b", "--batch-size", type=_positive("-b/--batch-size"), default=None)
+    hs.add_argument("-t", "--threads", type=_positive("-t/--threads"), default=None)
+    hs.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    hs.add_argument("--plot", default=None, help="PNG to write (default history-<model>.png beside the database)")
+    for p in (ha, hl, hs):
+        p.add_argument("--history", default=None, help=history_help)
+    nt = sub.add_parser("nightly", help="store a run, compare it with its baseline, write the regression report")
+    nt.add_argument("results", help="the run's results folder")
+    nt.add_argument("--baseline", default=None,
+                    help="results folder/file or history:ID (default: the latest earlier run on this machine)")
+    nt.add_argument("--threshold", default="5%", help="smallest change that matters (default 5%%)")
+    nt.add_argument("--output", default=None, help="folder for regression.md/html/json (default RESULTS/regression)")
+    nt.add_argument("--history", default=None, help=history_help)
     return parser
 
 
@@ -432,7 +541,8 @@ def _guard(fn) -> int:
 
 
 COMMANDS = {"list": do_list, "matrix": do_matrix, "sweep": do_sweep, "throughput": do_throughput,
-            "report": do_report, "peak": do_peak, "setup": do_setup}
+            "report": do_report, "peak": do_peak, "setup": do_setup, "compare": do_compare,
+            "history": do_history, "nightly": do_nightly}
 
 
 def main(argv=None) -> int:

@@ -125,8 +125,11 @@ def append(out_dir: Path, result: Result) -> Path:
     return path
 
 
-def load(path, since: int = 0) -> list[dict]:
-    """Records of a results.jsonl file (or of `results.jsonl` inside a folder), from byte offset `since`."""
+def load(path, since: int = 0, require: tuple = ()) -> list[dict]:
+    """Records of a results.jsonl file (or of `results.jsonl` inside a folder), from byte offset `since`.
+
+    `require`: fields every record must have; a record without one is an error naming the file and line.
+    """
     path = Path(path)
     if path.is_dir():
         path = path / "results.jsonl"
@@ -140,6 +143,10 @@ def load(path, since: int = 0) -> list[dict]:
                 except json.JSONDecodeError as exc:
                     where = f"{path}:{number}" if not since else f"{path}, line {number} after byte {since},"
                     raise UsageError(f"{where} is not a JSON record ({exc.msg})") from exc
+                missing = [k for k in require if not isinstance(records[-1], dict) or k not in records[-1]]
+                if missing:
+                    raise UsageError(f"{path}:{number} is not a result record (no {', '.join(missing)}); "
+                                     "accepted: lines written by aio-examples")
     return records
 
 

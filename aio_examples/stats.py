@@ -54,3 +54,54 @@ def summarize(samples, confidence: float = 0.95) -> Summary:
         min=float(x.min()), max=float(x.max()), stdev=float(x.std(ddof=1)) if x.size > 1 else 0.0,
         ci_low=lo, ci_high=hi, confidence=confidence,
     )
+
+
+@dataclass(frozen=True)
+class Change:
+    """Relative change new/baseline - 1 of a statistic, with a bootstrap confidence interval."""
+
+    rel: float
+    low: float
+    high: float
+    confidence: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+MIN_SAMPLES = 5          # fewer passes on a side: no interval (the change is never significant)
+
+
+def relative_change(baseline, new, statistic=np.median, confidence: float = 0.95, n_resamples: int = 2000,
+                    seed: int = 0) -> Change:
+    """Change of `statistic` (median or mean) from `baseline` to `new` samples, with a percentile bootstrap CI.
+
+    Both sides are resampled independently (different runs), the ratio is bootstrapped on a log scale so
+    slower and faster are symmetric, and the seed makes a report reproducible.
+    """
+    a, b = np.asarray(baseline, dtype=float), np.asarray(new, dtype=float)
+    rel = float(statistic(b) / statistic(a) - 1.0)
+    if a.size < MIN_SAMPLES or b.size < MIN_SAMPLES:
+        return Change(rel, float("-inf"), float("inf"), confidence)
+
+    def log_ratio(x, y, axis=-1):
+        return np.log(statistic(y, axis=axis) / statistic(x, axis=axis))
+
+    res = stats.bootstrap((a, b), log_ratio, n_resamples=n_resamples, confidence_level=confidence,
+                          method="percentile", vectorized=True, paired=False, rng=np.random.default_rng(seed))
+    ci = res.confidence_interval
+    return Change(rel, float(np.expm1(ci.low)), float(np.expm1(ci.high)), confidence)
+
+
+def widen(change: Change, run_sd: float) -> Change:
+    """Add run-to-run spread (standard deviation of log medians between runs) to a within-run interval.
+
+    A run's passes say nothing about how much a whole run moves from one night to the next on this
+    machine; when the history knows that spread, it is added in quadrature on the log scale.
+    """
+    if not np.isfinite(change.low) or not np.isfinite(change.high) or run_sd <= 0:
+        return change
+    z = stats.norm.ppf(0.5 + change.confidence / 2)
+    center = np.log1p(change.rel)
+    se = np.hypot((np.log1p(change.high) - np.log1p(change.low)) / (2 * z), run_sd)
+    return Change(change.rel, float(np.expm1(center - z * se)), float(np.expm1(center + z * se)), change.confidence)

@@ -1,0 +1,376 @@
+"""Compare two runs and say what got slower, with statistics instead of a fixed percentage rule.
+
+A configuration is (model, backend, precision, batch size, threads, instances, allocator, input shape,
+machine fingerprint). For each configuration present on both sides the relative change of the median
+latency (and of throughput) gets a bootstrap confidence interval from the raw samples, and a verdict:
+
+* `regression` / `improvement`: the change is at least the threshold, and significant (its interval
+  excludes zero) with both sides at their confidence target; a side that missed its target needs the
+  whole interval beyond the threshold;
+* `suspicious`: beyond the threshold, but not significant or not measured confidently enough;
+* `unchanged`: otherwise.
+
+A status change from ok to anything else is a regression (it no longer runs, or its answer is wrong), the
+reverse an improvement. Multi-instance configurations are judged on their aggregate throughput, with the
+pooled passes of their instances for the interval. When the history knows how much a configuration moves
+from run to run on this machine, that spread widens the interval (see stats.widen).
+"""
+
+import html
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+
+from . import results as res
+from . import stats
+from .environment import machine_description, machine_fingerprint
+from .errors import UsageError
+
+VERDICTS = ("regression", "suspicious", "improvement", "unchanged")
+KEY_FIELDS = ("model", "backend", "precision", "batch_size", "threads", "instances", "allocator", "shape", "machine")
+IGNORABLE = ("threads", "batch_size", "instances", "allocator", "shape", "machine")
+REQUIRED = ("model", "backend", "precision", "batch_size", "threads", "status")
+DEFAULT_THRESHOLD = 0.05
+LIBRARIES = ("torch", "torchvision", "transformers", "numpy", "onnxruntime", "openvino")
+
+
+def parse_threshold(text: str) -> float:
+    """`5%` or `0.05`: the smallest relative change that matters."""
+    t = str(text).strip()
+    try:
+        value = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        value = None
+    if value is None or not (t.endswith("%") or value < 1) or not 0 < value < 1:
+        raise UsageError(f"--threshold {text!r} is invalid; accepted: a percentage like 5% or a fraction like 0.05")
+    return value
+
+
+@dataclass
+class Run:
+    """One side of a comparison: the records of a run and where they came from."""
+
+    label: str
+    records: list[dict]
+
+    def machines(self) -> dict:
+        """fingerprint -> description, over the records that carry an environment."""
+        return {machine_fingerprint(r["env"]): machine_description(r["env"])
+                for r in self.records if machine_fingerprint(r.get("env"))}
+
+    def versions(self) -> dict:
+        """library -> the set of versions its records were measured with."""
+        seen = {}
+        for r in self.records:
+            for lib, v in ((r.get("env") or {}).get("versions") or {}).items():
+                if lib in LIBRARIES and v:
+                    seen.setdefault(lib, set()).add(v)
+        return seen
+
+    @property
+    def machine(self) -> str | None:
+        """The fingerprint most of its records carry."""
+        machines = [m for m in (machine_fingerprint(r.get("env")) for r in self.records) if m]
+        return max(set(machines), key=machines.count, default=None)
+
+    def configurations(self, ignore=()) -> dict:
+        """key -> the configuration's latest record (a multi-instance aggregate with its instances' passes)."""
+        machines = [machine_fingerprint(r.get("env")) for r in self.records]
+        usual = self.machine
+        pooled = {}
+        for r in self.records:
+            group = (r.get("instance") or {}).get("group")
+            if group and (r.get("instance") or {}).get("index") is not None:
+                pooled.setdefault(group, []).extend(r.get("samples_ms") or [])
+        configs = {}
+        for r, machine in zip(self.records, machines):
+            instance = r.get("instance") or {}
+            if instance.get("index") is not None:
+                continue
+            # A record whose process died carries no environment: it was measured where its run was.
+            key = config_key(r, machine or usual, ignore)
+            samples = pooled.get(instance.get("group")) if instance.get("aggregate") else r.get("samples_ms")
+            configs[key] = {"record": r, "samples": np.asarray(samples or [], dtype=float)}
+        return configs
+
+
+def config_key(r: dict, machine: str | None, ignore=()) -> tuple:
+    shape = {k: v for k, v in sorted((r.get("input_shape") or {}).items()) if k != "batch_size"}
+    values = {"model": r["model"], "backend": r["backend"], "precision": r["precision"],
+              "batch_size": r["batch_size"], "threads": r["threads"], "instances": r.get("instances", 1),
+              "allocator": (r.get("env") or {}).get("allocator") or "default",
+              "shape": ",".join(f"{k}={v}" for k, v in shape.items()), "machine": machine or "unknown"}
+    return tuple("*" if k in ignore else values[k] for k in KEY_FIELDS)
+
+
+def load_run(ref: str, history_path=None) -> Run:
+    """A results folder (every results.jsonl below it), a results.jsonl file, or `history:ID|latest`."""
+    if str(ref).startswith("history:"):
+        from .history import History
+
+        with History.open(history_path, create=False) as h:
+            return h.run(str(ref).split(":", 1)[1])
+    p = Path(ref)
+    files = sorted(p.rglob("results.jsonl")) if p.is_dir() else [p] if p.is_file() else []
+    if not files:
+        raise UsageError(f"{str(ref)!r} is neither a results.jsonl file nor a folder holding one; accepted: "
+                         "result files or folders, or history:ID / history:latest")
+    records = [r for f in files for r in res.load(f, require=REQUIRED)]
+    if not records:
+        raise UsageError(f"{str(ref)!r} holds no records")
+    return Run(str(ref), records)
+
+
+@dataclass
+class Comparison:
+    baseline: Run
+    new: Run
+    threshold: float
+    confidence: float
+    ignore: tuple = ()
+    rows: list = field(default_factory=list)
+    missing: list = field(default_factory=list)     # configurations only in the baseline
+    added: list = field(default_factory=list)       # configurations only in the new run
+    notes: list = field(default_factory=list)       # machine / library differences, stated first
+
+    @property
+    def counts(self) -> dict:
+        counts = {v: 0 for v in VERDICTS}
+        for row in self.rows:
+            counts[row["verdict"]] += 1
+        return {**counts, "missing": len(self.missing), "new": len(self.added)}
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.counts["regression"] else 0
+
+
+def compare(baseline: Run, new: Run, threshold: float = DEFAULT_THRESHOLD, confidence: float = 0.95,
+            ignore=(), run_noise: dict | None = None) -> Comparison:
+    """Match configurations and judge each one. `run_noise`: key -> run-to-run sd of log medians."""
+    bad = [f for f in ignore if f not in IGNORABLE]
+    if bad:
+        raise UsageError(f"--ignore {','.join(bad)!r} is not a configuration field; accepted: {', '.join(IGNORABLE)}")
+    if not 0.5 <= confidence < 1:
+        raise UsageError(f"--confidence {confidence!r} is invalid; accepted: 0.5 to 0.999")
+    out = Comparison(baseline, new, threshold, confidence, tuple(ignore))
+    out.notes = _differences(baseline, new, ignore)
+    a, b = baseline.configurations(ignore), new.configurations(ignore)
+    for key in sorted(a.keys() & b.keys(), key=str):
+        out.rows.append(judge(key, a[key], b[key], threshold, confidence, (run_noise or {}).get(key, 0.0)))
+    out.missing = [_describe(k, a[k]["record"]) for k in sorted(a.keys() - b.keys(), key=str)]
+    out.added = [_describe(k, b[k]["record"]) for k in sorted(b.keys() - a.keys(), key=str)]
+    return out
+
+
+def _differences(baseline: Run, new: Run, ignore) -> list[str]:
+    notes = []
+    ma, mb = baseline.machines(), new.machines()
+    if ma and mb and set(ma) != set(mb):
+        how = ("compared anyway (--ignore machine)" if "machine" in ignore
+               else "configurations only match on the same machine")
+        notes.append(f"Different machines: baseline {'; '.join(ma.values())} vs new {'; '.join(mb.values())}: {how}.")
+    va, vb = baseline.versions(), new.versions()
+    changed = [f"{lib} {'/'.join(sorted(va.get(lib, {'-'})))} -> {'/'.join(sorted(vb.get(lib, {'-'})))}"
+               for lib in LIBRARIES if va.get(lib) != vb.get(lib)]
+    if changed:
+        notes.append("Library versions differ: " + ", ".join(changed) + ".")
+    return notes
+
+
+def _describe(key: tuple, record: dict) -> dict:
+    return {**dict(zip(KEY_FIELDS, key)), "status": record["status"]}
+
+
+def judge(key: tuple, base: dict, new: dict, threshold: float, confidence: float, run_sd: float = 0.0) -> dict:
+    """The verdict for one configuration present on both sides."""
+    ra, rb = base["record"], new["record"]
+    row = {**dict(zip(KEY_FIELDS, key)), "baseline_status": ra["status"], "new_status": rb["status"],
+           "baseline_ms": _median(ra), "new_ms": _median(rb), "latency_change": None,
+           "throughput_change": None, "baseline_confident": bool(ra.get("confidence_met")),
+           "new_confident": bool(rb.get("confidence_met")), "run_noise": run_sd or None}
+    if ra["status"] != "ok" or rb["status"] != "ok":
+        if ra["status"] == rb["status"]:
+            return {**row, "verdict": "unchanged", "why": f"{ra['status']} on both sides"}
+        if ra["status"] == "ok":
+            return {**row, "verdict": "regression", "why": f"status ok -> {rb['status']}: {rb.get('reason') or ''}"}
+        if rb["status"] == "ok":
+            return {**row, "verdict": "improvement", "why": f"status {ra['status']} -> ok"}
+        return {**row, "verdict": "unchanged", "why": f"status {ra['status']} -> {rb['status']}"}
+    seed = int.from_bytes(str(key).encode()[-8:].rjust(8, b"\0"), "little") % 2**32
+    aggregate = bool((rb.get("instance") or {}).get("aggregate"))
+    lat = stats.relative_change(base["samples"], new["samples"], np.median, confidence, seed=seed) \
+        if base["samples"].size and new["samples"].size else None
+    mean = stats.relative_change(base["samples"], new["samples"], np.mean, confidence, seed=seed) \
+        if lat else None
+    tp = _throughput_change(ra, rb, mean)
+    if run_sd:
+        lat = stats.widen(lat, run_sd) if lat else None
+        tp = stats.widen(tp, run_sd) if tp else None
+    row["latency_change"] = lat.to_dict() if lat else None
+    row["throughput_change"] = tp.to_dict() if tp else None
+    # Slower = positive: latency up, or (multi-instance) throughput down.
+    judged = _negated(tp) if aggregate else lat
+    if judged is None:
+        return {**row, "verdict": "unchanged", "why": "no samples to compare"}
+    confident = row["baseline_confident"] and row["new_confident"] or aggregate
+    return {**row, **_verdict(judged, threshold, confident, "throughput" if aggregate else "median latency")}
+
+
+def _verdict(ch: stats.Change, threshold: float, confident: bool, what: str) -> dict:
+    slower, faster = ch.rel >= threshold, ch.rel <= -threshold
+    if not (slower or faster):
+        significant = ch.low > 0 or ch.high < 0
+        return {"verdict": "unchanged", "why": f"{what} {_pct(ch.rel)}" +
+                (", significant but below the threshold" if significant else ", within noise")}
+    word = "regression" if slower else "improvement"
+    significant = ch.low > 0 if slower else ch.high < 0
+    if not significant:
+        return {"verdict": "suspicious", "why": f"{what} {_pct(ch.rel)} but the interval includes no change"}
+    if not confident:
+        beyond = ch.low >= threshold if slower else ch.high <= -threshold
+        if not beyond:
+            return {"verdict": "suspicious",
+                    "why": f"{what} {_pct(ch.rel)}, but a side missed its confidence target and the interval "
+                           "reaches below the threshold"}
+        return {"verdict": word, "why": f"{what} {_pct(ch.rel)}; the whole interval is beyond the threshold "
+                                        "(a side missed its confidence target)"}
+    return {"verdict": word, "why": f"{what} {_pct(ch.rel)}, significant"}
+
+
+def _median(r: dict):
+    return (r.get("latency_ms") or {}).get("median")
+
+
+def _throughput_change(ra: dict, rb: dict, mean: stats.Change | None) -> stats.Change | None:
+    """Throughput change from the recorded values; its interval from the mean latency's (throughput ~ 1/mean)."""
+    ta, tb = (ra.get("throughput") or {}).get("value"), (rb.get("throughput") or {}).get("value")
+    if not ta or not tb:
+        return None
+    rel = tb / ta - 1.0
+    if mean is None or not math.isfinite(mean.low):
+        return stats.Change(rel, float("-inf"), float("inf"), mean.confidence if mean else 0.95)
+    # Mean latency up by x means throughput down by 1/(1+x); keep the recorded point, move the bounds alike.
+    scale = (1 + rel) * (1 + mean.rel)
+    return stats.Change(rel, scale / (1 + mean.high) - 1, scale / (1 + mean.low) - 1, mean.confidence)
+
+
+def _negated(ch: stats.Change | None) -> stats.Change | None:
+    """A throughput change as a slowdown: throughput down 10% = 1/0.9 - 1 = +11% slower."""
+    if ch is None:
+        return None
+    def inv(x):
+        return 1 / (1 + x) - 1 if x > -1 else float("inf")
+
+    return stats.Change(inv(ch.rel), inv(ch.high), inv(ch.low), ch.confidence)
+
+
+def _pct(x) -> str:
+    return f"{100 * x:+.1f}%"
+
+
+# ---------------------------------------------------------------- outputs
+
+def _table_rows(rows: list[dict]) -> list[dict]:
+    shown = []
+    for r in rows:
+        lat, tp = r["latency_change"], r["throughput_change"]
+        shown.append({
+            "model": r["model"], "backend": r["backend"], "precision": r["precision"], "batch": r["batch_size"],
+            "threads": r["threads"], "inst": r["instances"],
+            "baseline ms": f"{r['baseline_ms']:.2f}" if r["baseline_ms"] else r["baseline_status"],
+            "new ms": f"{r['new_ms']:.2f}" if r["new_ms"] else r["new_status"],
+            "latency": _pct(lat["rel"]) if lat else "-",
+            f"{round(100 * (lat or tp or {}).get('confidence', 0.95))}% CI":
+                f"{_pct(lat['low'])} .. {_pct(lat['high'])}" if lat and math.isfinite(lat["low"]) else "-",
+            "throughput": _pct(tp["rel"]) if tp else "-",
+            "verdict": r["verdict"], "why": r["why"],
+        })
+    return shown
+
+
+def summary_line(c: Comparison) -> str:
+    n = c.counts
+    return (f"{n['regression']} regression(s), {n['suspicious']} suspicious, {n['improvement']} improvement(s), "
+            f"{n['unchanged']} unchanged, {n['missing']} missing, {n['new']} new; threshold {100 * c.threshold:g}%, "
+            f"{100 * c.confidence:g}% bootstrap intervals of the change"
+            + (f"; ignoring {', '.join(c.ignore)}" if c.ignore else ""))
+
+
+def to_markdown(c: Comparison) -> str:
+    import pandas as pd
+
+    lines = [f"## Performance comparison: `{c.new.label}` vs baseline `{c.baseline.label}`", ""]
+    lines += [f"> **{note}**" for note in c.notes] + ([""] if c.notes else [])
+    lines += [f"**{summary_line(c)}**", ""]
+    for verdict, title in (("regression", "Regressions"), ("suspicious", "Suspicious"),
+                           ("improvement", "Improvements"), ("unchanged", "Unchanged")):
+        rows = [r for r in c.rows if r["verdict"] == verdict]
+        if not rows:
+            continue
+        table = pd.DataFrame(_table_rows(rows)).to_markdown(index=False)
+        if verdict == "unchanged":
+            lines += [f"<details><summary>{title} ({len(rows)})</summary>", "", table, "", "</details>", ""]
+        else:
+            lines += [f"### {title} ({len(rows)})", "", table, ""]
+    for items, title in ((c.missing, "Missing (baseline only)"), (c.added, "New (new run only)")):
+        if items:
+            lines += [f"### {title} ({len(items)})", "",
+                      pd.DataFrame(items).drop(columns=["machine"]).to_markdown(index=False), ""]
+    return "\n".join(lines)
+
+
+def to_html(c: Comparison) -> str:
+    import pandas as pd
+
+    from .report import STYLE
+
+    esc = html.escape
+    parts = [(f"<!doctype html><html><head><meta charset='utf-8'><title>aio-examples comparison</title>"
+             f"<style>{STYLE}.regression{{color:#a00;font-weight:bold}}.improvement{{color:#070}}"
+             f".suspicious{{color:#a60}}</style></head><body>"),
+             (f"<h1>Performance comparison</h1><p>New <code>{esc(c.new.label)}</code> against baseline "
+             f"<code>{esc(c.baseline.label)}</code>; generated {datetime.now(UTC).isoformat(timespec='seconds')}.</p>")]
+    parts += [f"<p class='bad'><b>{esc(note)}</b></p>" for note in c.notes]
+    parts.append(f"<p><b>{esc(summary_line(c))}</b></p>")
+    for verdict in VERDICTS:
+        rows = [r for r in c.rows if r["verdict"] == verdict]
+        if rows:
+            table = pd.DataFrame(_table_rows(rows)).to_html(index=False, escape=True)
+            parts.append(f"<h2 class='{verdict}'>{verdict} ({len(rows)})</h2>{table}")
+    for items, title in ((c.missing, "Missing (baseline only)"), (c.added, "New (new run only)")):
+        if items:
+            parts.append(f"<h2>{title} ({len(items)})</h2>"
+                         + pd.DataFrame(items).drop(columns=["machine"]).to_html(index=False))
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def to_json(c: Comparison) -> str:
+    def clean(v):          # JSON has no infinity: an interval that could not be computed is null
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [clean(x) for x in v]
+        return v
+
+    return json.dumps(clean({
+        "baseline": c.baseline.label, "new": c.new.label, "threshold": c.threshold, "confidence": c.confidence,
+        "ignore": list(c.ignore), "notes": c.notes, "counts": c.counts, "exit_code": c.exit_code,
+        "configurations": c.rows, "missing": c.missing, "new_only": c.added,
+    }), indent=1)
+
+
+FORMATS = {"md": to_markdown, "html": to_html, "json": to_json}
+
+
+def render(c: Comparison, fmt: str) -> str:
+    if fmt not in FORMATS:
+        raise UsageError(f"--format {fmt!r} is unknown; accepted: {', '.join(FORMATS)}")
+    return FORMATS[fmt](c)

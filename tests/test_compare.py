@@ -1,0 +1,359 @@
+"""compare / history / nightly: synthetic raw samples with known slowdowns, and real runs."""
+
+import json
+import os
+import sqlite3
+
+import numpy as np
+import pytest
+from conftest import run_cli
+
+from aio_examples import compare as cmp
+from aio_examples import history as hist
+from aio_examples import results as res
+from aio_examples.environment import capture, machine_fingerprint
+from aio_examples.errors import UsageError
+from aio_examples.nightly import nightly
+from aio_examples.stats import summarize
+
+ENV = capture({})
+OTHER_MACHINE = {**ENV, "cpu_model": "Some Other CPU", "hostname": "elsewhere"}
+
+# Noise shaped like timings on a shared 2-core machine: skewed passes (lognormal, 3%), a few slow
+# outliers (2% of passes, +30%), a slow drift within the run, and a whole-run shift between runs (1%).
+WITHIN_SD, OUTLIERS, RUN_SD = 0.03, 0.02, 0.01
+
+
+def noisy(rng, median_ms=20.0, n=200, factor=1.0):
+    shift = np.exp(rng.normal(0, RUN_SD))
+    drift = 1 + np.cumsum(rng.normal(0, 0.001, n))
+    x = median_ms * factor * shift * drift * rng.lognormal(0, WITHIN_SD, n)
+    x[rng.random(n) < OUTLIERS] *= 1.3
+    return x
+
+
+def record(samples=None, *, status="ok", env=ENV, confident=None, **kw):
+    fields = {"model": "resnet_50_v1", "task": "image-classification", "backend": "aio", "precision": "fp32",
+              "batch_size": 1, "threads": 2, "input_shape": {"batch_size": 1, "input_size": 224}}
+    fields.update(kw)
+    r = res.Result(**fields, status=status, env=env, reason=None if status == "ok" else "broke")
+    if samples is not None:
+        s = summarize(samples)
+        r.samples_ms = [float(v) for v in samples]
+        r.latency_ms = s.to_dict()
+        r.throughput = {"value": 1000.0 / s.mean, "unit": "images/s"}
+        r.confidence_met = s.ci_rel_halfwidth <= 0.01 if confident is None else confident
+    return r
+
+
+def write(folder, *records):
+    folder.mkdir(parents=True, exist_ok=True)
+    for r in records:
+        res.append(folder, r)
+    return folder
+
+
+def verdict_of(base, new, **kw):
+    c = cmp.compare(cmp.Run("a", [base.to_dict()]), cmp.Run("b", [new.to_dict()]), **kw)
+    assert len(c.rows) == 1
+    return c.rows[0]
+
+
+# ---------------------------------------------------------------- the detector on synthetic samples
+
+@pytest.mark.parametrize("slowdown, least, most", [(0.0, 0, 0), (0.03, 0, 9), (0.05, 3, 17), (0.10, 18, 20),
+                                                   (0.20, 20, 20)])
+def test_injected_slowdowns(slowdown, least, most):
+    """20 pairs each at a 5% threshold: pure noise is never a regression and 10% or 20% always is; 3% (below the
+    threshold, inside this noise) is flagged less than half the time, 5% (at it) some of the time."""
+    rng = np.random.default_rng(int(slowdown * 1000) + 7)
+    flagged = 0
+    for _ in range(20):
+        row = verdict_of(record(noisy(rng)), record(noisy(rng, factor=1 + slowdown)))
+        flagged += row["verdict"] == "regression"
+        assert row["verdict"] != "improvement"
+    assert least <= flagged <= most
+
+
+def test_speedup_is_an_improvement_and_the_interval_covers_the_truth():
+    rng = np.random.default_rng(3)
+    row = verdict_of(record(noisy(rng, factor=1.25)), record(noisy(rng)))
+    assert row["verdict"] == "improvement"
+    ch = row["latency_change"]
+    assert ch["low"] < 1 / 1.25 - 1 < ch["high"] or abs(ch["rel"] - (1 / 1.25 - 1)) < 0.03
+    assert row["throughput_change"]["rel"] > 0.15
+
+
+def test_a_side_that_missed_its_confidence_target_is_only_suspicious_near_the_threshold():
+    rng = np.random.default_rng(5)
+    base = noisy(rng, n=400)
+    new = rng.permutation(base) * 1.052           # the same passes, 5.2% slower: an interval around +5.2%
+    row = verdict_of(record(base, confident=True), record(new, confident=True))
+    assert row["verdict"] == "regression" and row["latency_change"]["low"] < 0.05
+    row = verdict_of(record(base, confident=True), record(new, confident=False))
+    assert row["verdict"] == "suspicious" and "confidence target" in row["why"]
+    # A slowdown whose whole interval is beyond the threshold is a regression all the same.
+    assert verdict_of(record(base), record(noisy(rng, factor=1.5), confident=False))["verdict"] == "regression"
+
+
+def test_too_few_passes_are_never_significant():
+    row = verdict_of(record([10.0, 10.1, 9.9]), record([14.0, 14.1, 13.9]))
+    assert row["verdict"] == "suspicious" and row["latency_change"]["rel"] == pytest.approx(0.4, abs=0.01)
+
+
+def test_status_changes():
+    rng = np.random.default_rng(1)
+    ok = record(noisy(rng))
+    assert verdict_of(ok, record(status="failed"))["verdict"] == "regression"
+    assert verdict_of(ok, record(status="fail_accuracy"))["verdict"] == "regression"
+    assert verdict_of(record(status="timeout"), ok)["verdict"] == "improvement"
+    assert verdict_of(record(status="unsupported"), record(status="unsupported"))["verdict"] == "unchanged"
+
+
+def test_run_to_run_noise_from_history_widens_the_interval():
+    rng = np.random.default_rng(11)
+    base, new = record(noisy(rng)), record(noisy(rng, factor=1.08))
+    assert verdict_of(base, new)["verdict"] == "regression"
+    key = cmp.config_key(base.to_dict(), machine_fingerprint(ENV))
+    noisy_history = verdict_of(base, new, run_noise={key: 0.06})
+    assert noisy_history["verdict"] == "suspicious" and noisy_history["run_noise"] == 0.06
+
+
+def test_multi_instance_aggregates_are_judged_on_throughput():
+    rng = np.random.default_rng(2)
+
+    def group(name, factor):
+        instances = [record(noisy(rng, factor=factor), instances=2, threads=1,
+                            instance={"index": i, "of": 2, "group": name}) for i in range(2)]
+        agg = record(None, instances=2, threads=1, instance={"aggregate": True, "group": name})
+        agg.throughput = {"value": 100.0 / factor, "unit": "images/s"}
+        return [r.to_dict() for r in [*instances, agg]]
+
+    c = cmp.compare(cmp.Run("a", group("g1", 1.0)), cmp.Run("b", group("g2", 1.15)))
+    assert [r["verdict"] for r in c.rows] == ["regression"]
+    assert c.rows[0]["throughput_change"]["rel"] == pytest.approx(1 / 1.15 - 1)
+    assert "throughput" in c.rows[0]["why"]
+
+
+def test_matching_missing_new_and_differences_stated():
+    rng = np.random.default_rng(4)
+    a = [record(noisy(rng)).to_dict(), record(noisy(rng), backend="eager").to_dict()]
+    b_env = {**ENV, "versions": {**ENV["versions"], "torch": "9.9.9"}}
+    b = [record(noisy(rng), env=b_env).to_dict(), record(noisy(rng), backend="onnxruntime", env=b_env).to_dict()]
+    c = cmp.compare(cmp.Run("a", a), cmp.Run("b", b))
+    assert [(r["backend"], r["verdict"]) for r in c.rows] == [("aio", "unchanged")]
+    assert [m["backend"] for m in c.missing] == ["eager"] and [m["backend"] for m in c.added] == ["onnxruntime"]
+    assert any("torch" in n and "9.9.9" in n for n in c.notes)
+    other = cmp.compare(cmp.Run("a", a), cmp.Run("c", [record(noisy(rng), env=OTHER_MACHINE).to_dict()]))
+    assert not other.rows and any("Different machines" in n for n in other.notes)
+    across = cmp.compare(cmp.Run("a", a), cmp.Run("c", [record(noisy(rng), env=OTHER_MACHINE).to_dict()]),
+                         ignore=("machine",))
+    assert len(across.rows) == 1
+
+
+def test_bad_options_are_refused():
+    assert cmp.parse_threshold("5%") == 0.05 and cmp.parse_threshold("0.1") == 0.1
+    for bad in ("5", "abc", "0%", "150%"):
+        with pytest.raises(UsageError, match="--threshold"):
+            cmp.parse_threshold(bad)
+    with pytest.raises(UsageError, match="--ignore 'model'"):
+        cmp.compare(cmp.Run("a", []), cmp.Run("b", []), ignore=("model",))
+
+
+# ---------------------------------------------------------------- the command line
+
+def test_compare_cli_formats_and_exit_codes(tmp_path):
+    rng = np.random.default_rng(8)
+    base = write(tmp_path / "base", record(noisy(rng)), record(noisy(rng), backend="eager"))
+    same = write(tmp_path / "same", record(noisy(rng)), record(noisy(rng), backend="eager"))
+    slow = write(tmp_path / "slow", record(noisy(rng, factor=1.2)), record(noisy(rng), backend="eager"))
+    proc = run_cli(["-m", "aio_examples", "compare", str(base), str(same)])
+    assert proc.returncode == 0, proc.stderr
+    assert "0 regression(s)" in proc.stdout
+    proc = run_cli(["-m", "aio_examples", "compare", str(base), str(slow)])
+    assert proc.returncode == 1
+    assert "### Regressions (1)" in proc.stdout and "| aio " in proc.stdout.split("### Regressions")[1]
+    proc = run_cli(["-m", "aio_examples", "compare", str(base), str(slow), "--format", "json"])
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 1 and doc["counts"]["regression"] == 1 and doc["exit_code"] == 1
+    assert {r["backend"]: r["verdict"] for r in doc["configurations"]}["aio"] == "regression"
+    out = tmp_path / "cmp.html"
+    proc = run_cli(["-m", "aio_examples", "compare", str(base), str(slow), "--format", "html", "--output", str(out)])
+    assert proc.returncode == 1 and "<h2 class='regression'>regression (1)</h2>" in out.read_text()
+
+
+def test_compare_cli_bad_input_names_file_and_line(tmp_path):
+    rng = np.random.default_rng(9)
+    good = write(tmp_path / "good", record(noisy(rng)))
+    bad = tmp_path / "bad" / "results.jsonl"
+    bad.parent.mkdir()
+    bad.write_text((good / "results.jsonl").read_text() + "{not json\n")
+    proc = run_cli(["-m", "aio_examples", "compare", str(good), str(bad.parent)])
+    assert proc.returncode == 2 and f"{bad}:2" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    alien = tmp_path / "alien.jsonl"
+    alien.write_text('{"model": "x"}\n')
+    proc = run_cli(["-m", "aio_examples", "compare", str(good), str(alien)])
+    assert proc.returncode == 2 and f"{alien}:1" in proc.stderr and "backend" in proc.stderr
+    proc = run_cli(["-m", "aio_examples", "compare", str(good), str(tmp_path / "nowhere")])
+    assert proc.returncode == 2 and "nowhere" in proc.stderr
+    proc = run_cli(["-m", "aio_examples", "compare", str(good), str(good), "--threshold", "lots"])
+    assert proc.returncode == 2 and "'lots'" in proc.stderr
+
+
+# ---------------------------------------------------------------- history and nightly
+
+def test_history_add_list_show(tmp_path):
+    rng = np.random.default_rng(12)
+    db = tmp_path / "h.sqlite"
+    runs = [write(tmp_path / f"run{i}", record(noisy(rng), timestamp=f"2026-11-2{i}T00:00:00+00:00"),
+                  record(noisy(rng), backend="eager", timestamp=f"2026-11-2{i}T00:00:01+00:00"))
+            for i in range(3)]
+    for r in runs:
+        proc = run_cli(["-m", "aio_examples", "history", "add", str(r), "--history", str(db)])
+        assert proc.returncode == 0 and "stored: 2 records" in proc.stdout, proc.stderr
+    proc = run_cli(["-m", "aio_examples", "history", "add", str(runs[0]), "--history", str(db)])
+    assert "already stored" in proc.stdout
+    proc = run_cli(["-m", "aio_examples", "history", "list", "--history", str(db)])
+    assert "3 run(s)" in proc.stdout
+    plot = tmp_path / "trend.png"
+    proc = run_cli(["-m", "aio_examples", "history", "show", "resnet_50_v1", "--backend", "aio", "--history", str(db),
+                    "--plot", str(plot), "--format", "json"])
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout.split("trend plot:")[0])
+    assert [r["run"] for r in rows] == [1, 2, 3] and {r["backend"] for r in rows} == {"aio"}
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+    proc = run_cli(["-m", "aio_examples", "history", "show", "vgg_16", "--history", str(db)])
+    assert proc.returncode == 2 and "vgg_16" in proc.stderr
+
+
+def test_history_is_transactional_and_never_overwrites(tmp_path, monkeypatch):
+    rng = np.random.default_rng(13)
+    db = tmp_path / "h.sqlite"
+    with hist.History.open(db) as h:
+        h.add(cmp.Run("one", [record(noisy(rng)).to_dict()]))
+        broken = [record(noisy(rng)).to_dict(), {**record(noisy(rng)).to_dict(), "status": None}]
+        with pytest.raises(UsageError, match="nothing in it was changed"):
+            h.add(cmp.Run("two", broken))
+        assert [r["records"] for r in h.runs()] == [1]
+    # Locked by another writer: a clear error after the wait, and the store is intact.
+    monkeypatch.setattr(hist, "LOCK_TIMEOUT_S", 0.2)
+    other = sqlite3.connect(db)
+    other.execute("BEGIN EXCLUSIVE")
+    with pytest.raises(UsageError, match="locked by another process"), hist.History.open(db) as h:
+        h.add(cmp.Run("three", [record(noisy(rng)).to_dict()]))
+    other.rollback()
+    other.close()
+    with hist.History.open(db) as h:
+        assert len(h.runs()) == 1
+    # Not a database: the error names it, and its bytes are untouched.
+    junk = tmp_path / "junk.sqlite"
+    junk.write_bytes(b"not a database at all" * 100)
+    proc = run_cli(["-m", "aio_examples", "history", "add", str(write(tmp_path / "r", record(noisy(rng)))),
+                    "--history", str(junk)])
+    assert proc.returncode == 2 and str(junk) in proc.stderr
+    assert junk.read_bytes() == b"not a database at all" * 100
+
+
+def test_nightly_baseline_is_the_latest_earlier_run_on_this_machine(tmp_path):
+    rng = np.random.default_rng(14)
+    db = tmp_path / "h.sqlite"
+
+    def night(name, day, factor=1.0, env=ENV):
+        return write(tmp_path / name, record(noisy(rng, factor=factor), env=env, timestamp=f"2026-11-{day}T01:00:00+00:00"))
+
+    code, info = nightly(night("n1", 18), history_path=db)
+    assert code == 0 and info["baseline"] is None and "No baseline yet" in info["md"].read_text()
+    nightly(night("elsewhere", 19, factor=2.0, env=OTHER_MACHINE), history_path=db)
+    code, info = nightly(night("n2", 20), history_path=db)
+    assert code == 0 and info["baseline"] == "history:1"        # not the other machine's run
+    code, info = nightly(night("n3", 21, factor=1.2), history_path=db)
+    assert code == 1 and info["baseline"] == "history:3"
+    report = json.loads(info["json"].read_text())
+    assert report["counts"]["regression"] == 1 and info["html"].exists()
+    assert "### Regressions (1)" in info["md"].read_text()
+    code, info = nightly(tmp_path / "n3", baseline=str(tmp_path / "n2"), history_path=db)
+    assert code == 1 and info["stored"] is False
+
+
+# ---------------------------------------------------------------- real runs
+
+def test_real_runs_same_configuration_and_fewer_threads(tmp_path):
+    """resnet_18 (eager, 224x224) measured for real: twice at 2 threads, then at 1 thread."""
+    def measure(name, threads):
+        out = tmp_path / name
+        proc = run_cli(["-m", "aio_examples", "run", "resnet_18", "--backend", "eager", "-t", str(threads),
+                        "--timeout", "3", "--output", str(out)])
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return out
+
+    a, b, one = measure("a", 2), measure("b", 2), measure("one", 1)
+    # Same configuration twice: whatever this shared machine does in between, not a regression at 20%.
+    proc = run_cli(["-m", "aio_examples", "compare", str(a), str(b), "--threshold", "20%", "--format", "json"])
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 0 and doc["counts"]["regression"] == 0 and len(doc["configurations"]) == 1
+    # Half the threads is a real slowdown; matched with --ignore threads it is flagged.
+    proc = run_cli(["-m", "aio_examples", "compare", str(a), str(one), "--threshold", "20%", "--ignore", "threads",
+                    "--format", "json"])
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 1, doc
+    assert [r["verdict"] for r in doc["configurations"]] == ["regression"]
+    assert doc["configurations"][0]["latency_change"]["rel"] > 0.2
+
+
+def test_run_all_nightly_end_to_end(tmp_path):
+    """run_all.sh --nightly twice on a tiny real sweep, then against a baseline twice as fast."""
+    import shutil
+    import subprocess
+
+    from conftest import ROOT
+
+    sweep = tmp_path / "tiny.toml"
+    sweep.write_text('models = ["squeezenet"]\nbackends = ["eager"]\nthreads = [1]\nshape = {input_size = 32}\n'
+                     'timeout = 1\npoint_timeout = 300\n')
+    env = {"AIO_HISTORY": str(tmp_path / "h.sqlite"), "CI": "true"}
+
+    def night(name, *extra):
+        return subprocess.run(["bash", str(ROOT / "run_all.sh"), "--config", str(sweep), "--nightly",
+                               "--output", str(tmp_path / name), *extra], cwd=ROOT, capture_output=True, text=True,
+                              env={**os.environ, **env}, timeout=900, check=False)
+
+    first = night("n1")
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "No baseline yet" in first.stdout and (tmp_path / "n1" / "report" / "report.html").exists()
+    second = night("n2", "--threshold", "50%")
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
+    assert "compared with history:1" in second.stdout
+    assert json.loads((tmp_path / "n2" / "regression" / "regression.json").read_text())["counts"]["regression"] == 0
+    # A baseline twice as fast as the last night: that night is a regression, exit 1, report written.
+    fast = tmp_path / "fast"
+    fast.mkdir()
+    records = [json.loads(line) for line in (tmp_path / "n2" / "results.jsonl").read_text().splitlines()]
+    for r in records:
+        r["samples_ms"] = [s / 2 for s in r["samples_ms"]]
+        r["latency_ms"]["median"] /= 2
+        r["throughput"]["value"] *= 2
+    (fast / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    shutil.copytree(tmp_path / "n2", tmp_path / "n3", ignore=shutil.ignore_patterns("regression", "report"))
+    third = night("n3", "--baseline", str(fast))
+    assert third.returncode == 1, third.stdout[-2000:] + third.stderr[-2000:]
+    assert "### Regressions (1)" in (tmp_path / "n3" / "regression" / "regression.md").read_text()
+
+
+def test_nightly_workflow_is_valid_and_runs_the_same_script():
+    import subprocess
+
+    import yaml
+    from conftest import ROOT
+
+    path = ROOT / ".github" / "workflows" / "nightly.yml"
+    proc = subprocess.run(["check-jsonschema", "--builtin-schema", "vendor.github-workflows", str(path)],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = yaml.safe_load(path.read_text())
+    assert doc[True]["schedule"][0]["cron"]            # YAML reads the key `on` as True
+    steps = doc["jobs"]["nightly"]["steps"]
+    runs = [s.get("run", "") for s in steps]
+    assert any(r.startswith("bash setup.sh") for r in runs)
+    assert any("bash run_all.sh --nightly" in r for r in runs)
+    uploads = [s for s in steps if str(s.get("uses", "")).startswith("actions/upload-artifact")]
+    assert uploads and uploads[0].get("if") == "always()"
