@@ -95,9 +95,11 @@ def _precisions(arg: str) -> list[str]:
 
 def do_run(model: str, args) -> int:
     from .binding import apply_in_child
+    from .launch import die_with_parent
     from .results import check_output_dir
     from .threads import export_thread_env, resolve_threads
 
+    die_with_parent()                          # a point of a sweep, matrix or throughput run ends with its driver
     apply_in_child()                           # a driver's sched_setaffinity binding, before torch starts
     # Everything that can be checked without torch is checked first: bad input fails fast.
     precisions = _precisions(args.precision)
@@ -532,6 +534,11 @@ def _guard(fn) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; records already written are kept", file=sys.stderr)
         return 130
+    except BrokenPipeError:          # the reader went away (`| head`): not an error of ours
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as exc:  # noqa: BLE001  (a bug: still one line unless the user asks for details)
         if mode >= 3:
             traceback.print_exc()

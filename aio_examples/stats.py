@@ -94,14 +94,15 @@ def relative_change(baseline, new, statistic=np.median, confidence: float = 0.95
 
 
 def widen(change: Change, run_sd: float) -> Change:
-    """Add run-to-run spread (standard deviation of log medians between runs) to a within-run interval.
+    """Add run-to-run spread to a within-run interval. `run_sd`: standard deviation of one run's log median.
 
     A run's passes say nothing about how much a whole run moves from one night to the next on this
-    machine; when the history knows that spread, it is added in quadrature on the log scale.
+    machine; when the history knows that spread, it is added in quadrature on the log scale, once for
+    each of the two runs compared.
     """
     if not np.isfinite(change.low) or not np.isfinite(change.high) or run_sd <= 0:
         return change
     z = stats.norm.ppf(0.5 + change.confidence / 2)
     center = np.log1p(change.rel)
-    se = np.hypot((np.log1p(change.high) - np.log1p(change.low)) / (2 * z), run_sd)
+    se = np.hypot((np.log1p(change.high) - np.log1p(change.low)) / (2 * z), np.sqrt(2) * run_sd)
     return Change(change.rel, float(np.expm1(center - z * se)), float(np.expm1(center + z * se)), change.confidence)

@@ -20,7 +20,7 @@ from . import allocators
 from . import results as res
 from .binding import plan, probe
 from .errors import UnsupportedError, UsageError
-from .launch import DRIVER_PID_ENV, run_argv, run_isolated
+from .launch import run_argv, run_isolated
 from .log import logger
 from .topology import numa_cpus_from_env, read_topology
 
@@ -153,7 +153,6 @@ def point_env(point: Point, binding, base=None) -> dict:
     env.update(binding.child_env(point.threads))
     env.update(allocators.env_for(point.allocator, env))
     env.setdefault("PYTHONUNBUFFERED", "1")
-    env[DRIVER_PID_ENV] = str(os.getpid())
     return env
 
 

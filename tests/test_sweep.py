@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import ROOT, SMALL_SWEEP, run_cli
 
@@ -102,6 +103,8 @@ def test_a_driver_killed_mid_sweep_loses_nothing_and_the_rerun_finishes_without_
     driver.kill()                       # SIGKILL to the driver alone: its current point must die with it
     driver.wait()
     time.sleep(1)
+    orphans = [p for p in psutil.process_iter(["cmdline"]) if str(out) in " ".join(p.info["cmdline"] or [])]
+    assert not orphans, [p.info["cmdline"] for p in orphans]
     before = records(out)               # every line is a whole record
     assert 1 <= len(before) < 3
     rerun = sweep(out, "--backends", "eager,torchscript,inductor", "--threads", "1")
