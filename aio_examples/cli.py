@@ -384,13 +384,16 @@ def do_history(args) -> int:
                          "a model and filters of a stored run (see 'aio-examples history list')")
     import pandas as pd
 
-    df = pd.DataFrame(rows)
+    config = ["backend", "precision", "batch_size", "threads", "instances", "allocator", "shape"]
+    df = pd.DataFrame(rows).sort_values([*config, "started_at", "run"], kind="stable")
+    df["vs_previous"] = df.groupby(config, dropna=False)["median_ms"].pct_change(fill_method=None)
     if args.format == "json":
         print(df.to_json(orient="records", indent=1))
     elif args.format == "csv":
         print(df.to_csv(index=False), end="")
     else:
         shown = df.drop(columns=["ci_low", "ci_high", "allocator"])
+        shown["vs_previous"] = shown["vs_previous"].map(lambda v: "" if pd.isna(v) else f"{100 * v:+.1f}%")
         print(shown.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     plot = Path(args.plot) if args.plot else h.path.parent / f"history-{args.model}.png"
     title = f"{args.model}" + "".join(f", {k} {v}" for k, v in (("backend", args.backend), ("precision", args.precision),

@@ -276,6 +276,9 @@ def plot_series(rows: list[dict], title: str, path: Path) -> Path:
         lo = [r["median_ms"] - (r["ci_low"] if _finite(r["ci_low"]) else r["median_ms"]) for r in rs]
         hi = [(r["ci_high"] if _finite(r["ci_high"]) else r["median_ms"]) - r["median_ms"] for r in rs]
         ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, label=label)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("history run")
     ax.set_ylabel("median latency (ms)")
     ax.set_title(title)
