@@ -3,17 +3,19 @@
 #   bash start_notebook.sh                      127.0.0.1:8080, a generated token
 #   bash start_notebook.sh --port 8888 --ip 0.0.0.0 --token SECRET
 #   bash start_notebook.sh --cpus 0-1           bind the server and its kernels to these CPUs (numactl)
-# The token is --token, else $JUPYTER_TOKEN, else generated; there is always one. AIO_NUM_THREADS and
-# OMP_NUM_THREADS default to the physical cores available when unset (--threads N sets both).
+# The token is --token, else $JUPYTER_TOKEN, else generated; there is always one. The address is --ip, else
+# $AIO_NOTEBOOK_IP (the container image sets 0.0.0.0), else 127.0.0.1; the port --port, else
+# $AIO_NOTEBOOK_PORT, else 8080. AIO_NUM_THREADS and OMP_NUM_THREADS default to the physical cores
+# available when unset (--threads N sets both).
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
 
-usage() { sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "start_notebook.sh: $*" >&2; exit 2; }
 
 port=${AIO_NOTEBOOK_PORT:-8080}
-ip=127.0.0.1
+ip=${AIO_NOTEBOOK_IP:-127.0.0.1}
 token=${JUPYTER_TOKEN:-}
 cpus=""
 threads=""
