@@ -35,6 +35,11 @@ if [ "${1:-}" = "--dev" ]; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null || \
             echo "setup.sh: chromium could not be installed; the browser test will be skipped" >&2
     fi
+    # The container tests validate docker-compose.yml with `docker-compose config` (Debian's docker-compose).
+    if ! command -v docker-compose >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null || \
+            echo "setup.sh: docker-compose could not be installed; the compose tests will be skipped" >&2
+    fi
 fi
 "$PY" -m pip check
 "$PY" -m aio_examples setup
