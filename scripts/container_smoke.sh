@@ -54,10 +54,16 @@ fi
 # --- the engine: podman with runc, configured by a file of our own ---
 apt_install() {
     [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null || return 1
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+    echo "installing $* (apt-get)"
+    local log rc=0
+    log=$(mktemp)
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@"; } >"$log" 2>&1 || rc=$?
+    [ $rc = 0 ] || tail -5 "$log" >&2
+    rm -f "$log"
+    return $rc
 }
 if ! command -v podman >/dev/null || ! command -v runc >/dev/null; then
-    step "installing podman and runc"
+    step "podman and runc"
     apt_install podman runc || skip "podman and runc are not installed and cannot be (needs root and apt-get)"
 fi
 dir=${AIO_CONTAINER_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/aio-examples/container}
@@ -150,7 +156,13 @@ fi
 [ -z "$certs" ] || build+=(--build-context "certs=$certs")
 step "building $IMAGE (wheels: ${wheels:-none}, certificates: ${certs:-none})"
 echo "${build[*]} ."
+previous=$(podman image inspect --format '{{.Id}}' "$IMAGE" 2>/dev/null || true)
 "${build[@]}" . >"$work/build.log" 2>&1 || { tail -30 "$work/build.log" >&2; fail "podman build (log above)"; }
+# The image this build replaced, now untagged: removed, so reruns do not pile up images (its layers that
+# are the cache of this build stay).
+if [ -n "$previous" ] && [ "$previous" != "$(podman image inspect --format '{{.Id}}' "$IMAGE")" ]; then
+    podman rmi "$previous" >/dev/null 2>&1 || true
+fi
 grep -E '^(torch|transformers) ' "$work/build.log" || true
 
 # --- resnet_50_v1 as the README says, on the CPUs given, the record kept on the host ---
