@@ -14,7 +14,7 @@
 # image's base) and imported under the official name, labelled org.aio-examples.base=debootstrap.
 # podman reads its settings from $AIO_CONTAINER_DIR/containers.conf (default
 # ~/.cache/aio-examples/container), written here; the machine's own configuration is not touched.
-# Exit status: 0 passed, 1 a check failed, 2 bad usage, 77 skipped (no usable container engine).
+# Exit status: 0 passed, 1 a check failed, 2 bad usage, 77 skipped (no usable container engine or base).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -97,8 +97,9 @@ if [ $rebuild_base = 1 ] || ! podman image exists "$BASE"; then
         echo "pulled $BASE"
     else
         [ $rebuild_base = 1 ] || echo "no registry answers ($(tail -1 "$work/pull.log")); making a stand-in with debootstrap"
-        [ "$(id -u)" = 0 ] || fail "debootstrap needs root to make the base image; pull $BASE or run as root"
-        command -v debootstrap >/dev/null || apt_install debootstrap || fail "debootstrap is missing and cannot be installed"
+        [ "$(id -u)" = 0 ] || skip "no base image: $BASE cannot be pulled, and debootstrap needs root"
+        command -v debootstrap >/dev/null || apt_install debootstrap \
+            || skip "no base image: $BASE cannot be pulled, and debootstrap is missing and cannot be installed"
         mirror=${AIO_DEBIAN_MIRROR:-http://deb.debian.org/debian}
         rootfs=$work/rootfs
         debootstrap --variant=minbase --include=python3,python3-venv,python3-dev,ca-certificates \
