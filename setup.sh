@@ -8,10 +8,12 @@ cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
 
 # System packages: a C compiler and binutils adapt torchvision's CUDA wheel to CPU torch
-# (aio_examples/compat); numactl binds sweep points to cores; tcmalloc and jemalloc are the
+# (aio_examples/compat); g++ builds inductor's C++ kernels (the inductor backend and aio's compiled
+# strategy); numactl binds sweep points to cores; tcmalloc and jemalloc are the
 # allocator sweep axis (optional).
 missing=()
 command -v cc >/dev/null || missing+=(gcc)
+command -v g++ >/dev/null || missing+=(g++)
 command -v nm >/dev/null || missing+=(binutils)
 command -v numactl >/dev/null || missing+=(numactl)
 ls /usr/lib/*/libtcmalloc.so.4 >/dev/null 2>&1 || missing+=(libgoogle-perftools4)
@@ -20,7 +22,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
     else
-        echo "setup.sh: please install ${missing[*]} (gcc and binutils are needed unless torchvision's" \
+        echo "setup.sh: please install ${missing[*]} (g++ for inductor; gcc and binutils unless torchvision's" \
              "CPU build is installed; without numactl sweeps bind with sched_setaffinity)" >&2
     fi
 fi
