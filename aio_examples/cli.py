@@ -262,7 +262,7 @@ def do_sweep(args) -> int:
     overrides = {"models": args.models or None, "backends": args.backends, "precisions": args.precisions,
                  "batch_sizes": args.batch_sizes, "threads": args.threads, "allocators": args.allocators,
                  "timeout": args.timeout, "point_timeout": args.point_timeout, "output": args.output,
-                 "shape": shape or None}
+                 "shape": shape or None, "repeats": args.repeats}
     if args.config:
         cfg = SweepConfig.from_toml(args.config, overrides)
     else:
@@ -455,6 +455,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="measured seconds per point (default 20)")
     sw.add_argument("--point-timeout", type=_positive("--point-timeout", float, "seconds > 0"), default=None,
                     help="seconds before a point's process is killed (default 900)")
+    sw.add_argument("--repeats", type=_positive("--repeats"), default=None,
+                    help="measure every point this many times, each in its own process (default 1)")
     sw.add_argument("--output", default=None, help="folder of results.jsonl; rerunning resumes (default results/sweep)")
     sw.add_argument("--quiet", action="store_true", help="no progress bar (also when CI=true)")
     tp = sub.add_parser("throughput", help="N instances x T threads on disjoint cores, throughput summed")

@@ -77,7 +77,13 @@ class Run:
         return max(set(machines), key=machines.count, default=None)
 
     def configurations(self, ignore=()) -> dict:
-        """key -> the configuration's latest record (a multi-instance aggregate with its instances' passes)."""
+        """key -> the configuration's records in this run: more than one are repeats, each its own process.
+
+        Each entry: `record` (the one shown: the first that did not run ok, else the last), `groups` (the
+        passes of each ok record; a multi-instance aggregate's are its instances' passes, pooled),
+        `median_ms` and `throughput` (means over the ok records) and `confident` (every ok record met
+        its confidence target).
+        """
         machines = [machine_fingerprint(r.get("env")) for r in self.records]
         usual = self.machine
         pooled = {}
@@ -85,15 +91,29 @@ class Run:
             group = (r.get("instance") or {}).get("group")
             if group and (r.get("instance") or {}).get("index") is not None:
                 pooled.setdefault(group, []).extend(r.get("samples_ms") or [])
-        configs = {}
+        by_key = {}
         for r, machine in zip(self.records, machines):
-            instance = r.get("instance") or {}
-            if instance.get("index") is not None:
+            if (r.get("instance") or {}).get("index") is not None:
                 continue
             # A record whose process died carries no environment: it was measured where its run was.
-            key = config_key(r, machine or usual, ignore)
-            samples = pooled.get(instance.get("group")) if instance.get("aggregate") else r.get("samples_ms")
-            configs[key] = {"record": r, "samples": np.asarray(samples or [], dtype=float)}
+            by_key.setdefault(config_key(r, machine or usual, ignore), []).append(r)
+        configs = {}
+        for key, records in by_key.items():
+            ok = [r for r in records if r["status"] == "ok"]
+            bad = [r for r in records if r["status"] != "ok"]
+            groups = []
+            for r in ok:
+                instance = r.get("instance") or {}
+                samples = pooled.get(instance.get("group")) if instance.get("aggregate") else r.get("samples_ms")
+                if samples:
+                    groups.append(np.asarray(samples, dtype=float))
+            medians = [(r.get("latency_ms") or {}).get("median") for r in ok]
+            rates = [(r.get("throughput") or {}).get("value") for r in ok]
+            configs[key] = {
+                "record": bad[0] if bad else records[-1], "groups": groups, "repeats": len(records),
+                "median_ms": float(np.mean(medians)) if ok and all(medians) else None,
+                "throughput": float(np.mean(rates)) if ok and all(rates) else None,
+                "confident": bool(ok) and all(r.get("confidence_met") for r in ok)}
         return configs
 
 
@@ -189,9 +209,9 @@ def judge(key: tuple, base: dict, new: dict, threshold: float, confidence: float
     """The verdict for one configuration present on both sides."""
     ra, rb = base["record"], new["record"]
     row = {**dict(zip(KEY_FIELDS, key)), "baseline_status": ra["status"], "new_status": rb["status"],
-           "baseline_ms": _median(ra), "new_ms": _median(rb), "latency_change": None,
-           "throughput_change": None, "baseline_confident": bool(ra.get("confidence_met")),
-           "new_confident": bool(rb.get("confidence_met")), "run_noise": run_sd or None}
+           "baseline_ms": base["median_ms"], "new_ms": new["median_ms"], "latency_change": None,
+           "throughput_change": None, "baseline_confident": base["confident"], "new_confident": new["confident"],
+           "repeats": [base["repeats"], new["repeats"]], "run_noise": run_sd or None}
     if ra["status"] != "ok" or rb["status"] != "ok":
         if ra["status"] == rb["status"]:
             return {**row, "verdict": "unchanged", "why": f"{ra['status']} on both sides"}
@@ -202,11 +222,12 @@ def judge(key: tuple, base: dict, new: dict, threshold: float, confidence: float
         return {**row, "verdict": "unchanged", "why": f"status {ra['status']} -> {rb['status']}"}
     seed = int.from_bytes(str(key).encode()[-8:].rjust(8, b"\0"), "little") % 2**32
     aggregate = bool((rb.get("instance") or {}).get("aggregate"))
-    lat = stats.relative_change(base["samples"], new["samples"], np.median, confidence, seed=seed) \
-        if base["samples"].size and new["samples"].size else None
-    mean = stats.relative_change(base["samples"], new["samples"], np.mean, confidence, seed=seed) \
-        if lat else None
-    tp = _throughput_change(ra, rb, mean)
+    has_samples = base["groups"] and new["groups"]
+    lat = stats.relative_change(base["groups"], new["groups"], np.median, confidence, seed=seed) \
+        if has_samples else None
+    mean = stats.relative_change(base["groups"], new["groups"], np.mean, confidence, seed=seed) \
+        if has_samples else None
+    tp = _throughput_change(base["throughput"], new["throughput"], mean)
     if run_sd:
         lat = stats.widen(lat, run_sd) if lat else None
         tp = stats.widen(tp, run_sd) if tp else None
@@ -242,13 +263,8 @@ def _verdict(ch: stats.Change, threshold: float, confident: bool, what: str) -> 
     return {"verdict": "suspicious", "why": f"{what} {_pct(ch.rel)}, but the interval {reaches}{note}"}
 
 
-def _median(r: dict):
-    return (r.get("latency_ms") or {}).get("median")
-
-
-def _throughput_change(ra: dict, rb: dict, mean: stats.Change | None) -> stats.Change | None:
+def _throughput_change(ta, tb, mean: stats.Change | None) -> stats.Change | None:
     """Throughput change from the recorded values; its interval from the mean latency's (throughput ~ 1/mean)."""
-    ta, tb = (ra.get("throughput") or {}).get("value"), (rb.get("throughput") or {}).get("value")
     if not ta or not tb:
         return None
     rel = tb / ta - 1.0

@@ -212,11 +212,11 @@ class History:
         out = {}
         for key in keys:
             model, backend, precision, batch, threads, inst, alloc, shape, _ = key
-            medians = [m for (m,) in self.conn.execute(
-                "SELECT x.median_ms FROM records x JOIN runs r ON r.id = x.run_id WHERE r.machine IS ? "
+            medians = [m for (m,) in self.conn.execute(      # one per run: repeats within a run averaged
+                "SELECT AVG(x.median_ms) FROM records x JOIN runs r ON r.id = x.run_id WHERE r.machine IS ? "
                 "AND x.model = ? AND x.backend = ? AND x.precision = ? AND x.batch_size = ? AND x.threads = ? "
                 "AND x.instances = ? AND x.allocator = ? AND x.shape = ? AND x.status = 'ok' "
-                "AND x.median_ms > 0 AND r.id IS NOT ? ORDER BY r.started_at, r.id",
+                "AND x.median_ms > 0 AND r.id IS NOT ? GROUP BY r.id ORDER BY r.started_at, r.id",
                 (machine, model, backend, precision, batch, threads, inst, alloc, shape, before))]
             if len(medians) >= MIN_RUNS_FOR_NOISE:
                 steps = np.diff(np.log(medians))

@@ -76,21 +76,44 @@ def relative_change(baseline, new, statistic=np.median, confidence: float = 0.95
                     seed: int = 0) -> Change:
     """Change of `statistic` (median or mean) from `baseline` to `new` samples, with a percentile bootstrap CI.
 
-    Both sides are resampled independently (different runs), the ratio is bootstrapped on a log scale so
-    slower and faster are symmetric, and the seed makes a report reproducible.
+    A side is an array of passes, or a list of arrays: the same configuration measured in several processes.
+    Then the statistic is the mean over processes of each one's statistic, and the bootstrap resamples the
+    processes as well as their passes, so the interval includes how much a process moves on its own.
+    Both sides are resampled independently (different runs), the ratio is taken on a log scale so slower
+    and faster are symmetric, and the seed makes a report reproducible.
     """
-    a, b = np.asarray(baseline, dtype=float), np.asarray(new, dtype=float)
-    rel = float(statistic(b) / statistic(a) - 1.0)
-    if a.size < MIN_SAMPLES or b.size < MIN_SAMPLES:
+    ga, gb = _groups(baseline), _groups(new)
+
+    def point(groups):
+        return float(np.mean([statistic(g) for g in groups]))
+
+    rel = point(gb) / point(ga) - 1.0
+    if sum(g.size for g in ga) < MIN_SAMPLES or sum(g.size for g in gb) < MIN_SAMPLES:
         return Change(rel, float("-inf"), float("inf"), confidence)
+    rng = np.random.default_rng(seed)
+    if len(ga) == 1 and len(gb) == 1:
+        def log_ratio(x, y, axis=-1):
+            return np.log(statistic(y, axis=axis) / statistic(x, axis=axis))
 
-    def log_ratio(x, y, axis=-1):
-        return np.log(statistic(y, axis=axis) / statistic(x, axis=axis))
+        ci = stats.bootstrap((ga[0], gb[0]), log_ratio, n_resamples=n_resamples, confidence_level=confidence,
+                             method="percentile", vectorized=True, paired=False, rng=rng).confidence_interval
+        low, high = ci.low, ci.high
+    else:
+        def resampled(groups):        # n_resamples values of the side's statistic: processes, then passes
+            per_group = np.column_stack([statistic(rng.choice(g, size=(n_resamples, g.size)), axis=1)
+                                         for g in groups])
+            pick = rng.integers(len(groups), size=(n_resamples, len(groups)))
+            return np.take_along_axis(per_group, pick, axis=1).mean(axis=1)
 
-    res = stats.bootstrap((a, b), log_ratio, n_resamples=n_resamples, confidence_level=confidence,
-                          method="percentile", vectorized=True, paired=False, rng=np.random.default_rng(seed))
-    ci = res.confidence_interval
-    return Change(rel, float(np.expm1(ci.low)), float(np.expm1(ci.high)), confidence)
+        ratios = np.log(resampled(gb) / resampled(ga))
+        low, high = np.percentile(ratios, [50 * (1 - confidence), 50 * (1 + confidence)])
+    return Change(rel, float(np.expm1(low)), float(np.expm1(high)), confidence)
+
+
+def _groups(side) -> list:
+    if isinstance(side, (list, tuple)) and side and np.ndim(side[0]) == 1:
+        return [np.asarray(g, dtype=float) for g in side if len(g)]
+    return [np.asarray(side, dtype=float)]
 
 
 def widen(change: Change, run_sd: float) -> Change:

@@ -36,17 +36,22 @@ class Point:
     threads: int
     allocator: str = "default"
     shape: tuple = ()                  # sorted (name, value) overrides, e.g. (("seq_len", 128),)
+    repeat: int = 0                    # the same configuration again, in another process (SweepConfig.repeats)
 
     @property
     def point_id(self) -> str:
-        text = json.dumps(asdict(self), sort_keys=True)
+        fields_ = asdict(self)
+        if not fields_["repeat"]:
+            del fields_["repeat"]       # a sweep without repeats keeps the ids it always had
+        text = json.dumps(fields_, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @property
     def label(self) -> str:
         extra = "".join(f" {k}={v}" for k, v in self.shape)
         alloc = "" if self.allocator == "default" else f" [{self.allocator}]"
-        return f"{self.model} {self.backend} {self.precision} b{self.batch_size} t{self.threads}{alloc}{extra}"
+        again = f" (repeat {self.repeat + 1})" if self.repeat else ""
+        return f"{self.model} {self.backend} {self.precision} b{self.batch_size} t{self.threads}{alloc}{extra}{again}"
 
 
 @dataclass
@@ -63,6 +68,10 @@ class SweepConfig:
     timeout: float = 20.0                     # measured seconds per point
     point_timeout: float = 900.0              # seconds before a point's process is killed
     output: str = "results/sweep"
+    # Each point measured this many times, each in its own process, the rounds one after another. A process
+    # has its own memory layout and placement, which moves its timings by a percent or more; repeats let a
+    # comparison see that spread (compare.py) instead of mistaking it for a change.
+    repeats: int = 1
 
     def __post_init__(self):
         from .backends import available_backends, get_backend
@@ -84,6 +93,8 @@ class SweepConfig:
             validate(p)
         for a in self.allocators:
             allocators.validate(a)
+        if not isinstance(self.repeats, int) or isinstance(self.repeats, bool) or self.repeats < 1:
+            raise UsageError(f"repeats {self.repeats!r} is invalid; accepted: a whole number >= 1")
         for name in ("batch_sizes", "threads"):
             for v in getattr(self, name) or []:
                 if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -115,8 +126,9 @@ class SweepConfig:
 
     def points(self, default_threads: list[int]) -> list[Point]:
         shape = tuple(sorted(self.shape.items()))
-        return [Point(m, b, p, bs, t, a, shape) for m in self.models for b in self.backends for p in self.precisions
-                for bs in self.batch_sizes for t in (self.threads or default_threads) for a in self.allocators]
+        return [Point(m, b, p, bs, t, a, shape, r) for r in range(self.repeats) for m in self.models
+                for b in self.backends for p in self.precisions for bs in self.batch_sizes
+                for t in (self.threads or default_threads) for a in self.allocators]
 
 
 @dataclass

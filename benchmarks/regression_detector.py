@@ -1,13 +1,15 @@
 """How often the nightly comparison cries wolf, and how often it catches a real slowdown, on this machine.
 
-    python benchmarks/regression_detector.py                     # runs the quick zoo sweep twice, then judges
+    python benchmarks/regression_detector.py                     # runs the nightly sweep twice, then judges
     python benchmarks/regression_detector.py --runs A B          # two existing runs of the same sweep
 
-1. Noise model from the two real runs: each configuration's passes (as measured, in order) and how much
-   its median moved from one run to the other (the run-to-run spread, per run).
-2. Synthetic pairs built from that noise: both sides are block-resampled from a real configuration's passes
-   (blocks keep the drift within a run), each side gets its own run-level shift, and the new side is
-   slowed down by 0%, 3%, 5%, 10% or 20%. Every pair is judged by aio_examples.compare like a real one.
+The runs are of sweeps/nightly.toml: the quick zoo sweep's points, each measured in two processes.
+1. Noise model from the two real runs: each configuration's passes (as measured, in order) and how much a
+   process's median moves around its configuration's (robust sd over all configurations).
+2. Synthetic pairs built from that noise: every process of either side is block-resampled from a real
+   process's passes of that configuration (blocks keep the drift within a process) and moved by its own
+   process-level shift, and the new side is slowed down by 0%, 3%, 5%, 10% or 20%. Every pair is judged
+   by aio_examples.compare like a real one.
 3. The real runs: the second against the first (nothing changed: no regression may be flagged), and the
    1-thread points against the 2-thread points of the same run (a real slowdown: must be flagged).
 
@@ -36,24 +38,29 @@ CONFIDENCE_TARGET = 0.01        # the runner's default: CI of the median within 
 
 
 def sweep(out: Path):
-    subprocess.run([sys.executable, "-m", "aio_examples", "sweep", "--config", str(ROOT / "sweeps" / "quick.toml"),
+    subprocess.run([sys.executable, "-m", "aio_examples", "sweep", "--config", str(ROOT / "sweeps" / "nightly.toml"),
                     "--output", str(out), "--quiet"], cwd=ROOT, check=True)
 
 
 def noise_model(a: cmp.Run, b: cmp.Run):
-    """Real pass sequences (relative to their median) and the per-run sd of log medians between the runs."""
+    """Per configuration: its processes' passes (relative to their median), its typical median and how many
+    processes a side has; the spread of a process's median around its configuration's (sd, robust); and
+    the run-to-run changes of the configurations' medians."""
     ca, cb = a.configurations(), b.configurations()
-    sequences, shifts = [], []
+    configs, deviations, shifts = [], [], []
     for key in ca.keys() & cb.keys():
-        sa, sb = ca[key]["samples"], cb[key]["samples"]
-        if ca[key]["record"]["status"] != "ok" or cb[key]["record"]["status"] != "ok" or min(sa.size, sb.size) < 20:
+        ea, eb = ca[key], cb[key]
+        groups = ea["groups"] + eb["groups"]
+        if ea["record"]["status"] != "ok" or eb["record"]["status"] != "ok" or min(g.size for g in groups) < 20:
             continue
-        sequences += [(key, sa / np.median(sa), float(np.median(sa))), (key, sb / np.median(sb), float(np.median(sb)))]
-        shifts.append(np.log(np.median(sb) / np.median(sa)))
-    shifts = np.array(shifts)
-    # Robust spread (MAD) of the differences, per run (a difference of two runs has twice the variance).
-    run_sd = 1.4826 * np.median(np.abs(shifts - np.median(shifts))) / np.sqrt(2)
-    return sequences, float(run_sd), shifts
+        logs = np.log([np.median(g) for g in groups])
+        deviations.extend(logs - logs.mean())
+        shifts.append(np.log(eb["median_ms"] / ea["median_ms"]))
+        configs.append((key, [g / np.median(g) for g in groups], float(np.exp(logs.mean())), len(ea["groups"])))
+    k = len(configs[0][1]) if configs else 2
+    # Deviations from the mean of k values have variance sd^2 (k-1)/k; MAD keeps an odd process from ruling.
+    process_sd = 1.4826 * np.median(np.abs(deviations)) * np.sqrt(k / max(k - 1, 1))
+    return configs, float(process_sd), np.array(shifts)
 
 
 def block_resample(rng, seq: np.ndarray) -> np.ndarray:
@@ -71,17 +78,24 @@ def synthetic_record(key, samples) -> dict:
             "confidence_met": bool(s.ci_rel_halfwidth <= CONFIDENCE_TARGET)}
 
 
-def synthetic(sequences, run_sd, pairs, threshold, seed=20261121):
+def synthetic_side(rng, key, sequences, median, processes, process_sd, factor=1.0) -> list[dict]:
+    """One run of a configuration: `processes` records, each a real pass sequence (block-resampled) moved by
+    its own process-level shift."""
+    return [synthetic_record(key, median * factor * np.exp(rng.normal(0, process_sd))
+                             * block_resample(rng, sequences[rng.integers(len(sequences))]))
+            for _ in range(processes)]
+
+
+def synthetic(configs, process_sd, pairs, threshold, seed=20261121):
     rng = np.random.default_rng(seed)
     outcome = {}
     for slowdown in SLOWDOWNS:
         verdicts = Counter()
         for _ in range(pairs):
-            key, seq, median = sequences[rng.integers(len(sequences))]
-            base = median * block_resample(rng, seq) * np.exp(rng.normal(0, run_sd))
-            new = median * block_resample(rng, seq) * np.exp(rng.normal(0, run_sd)) * (1 + slowdown)
-            c = cmp.compare(cmp.Run("base", [synthetic_record(key, base)]),
-                            cmp.Run("new", [synthetic_record(key, new)]), threshold)
+            key, sequences, median, processes = configs[rng.integers(len(configs))]
+            base = synthetic_side(rng, key, sequences, median, processes, process_sd)
+            new = synthetic_side(rng, key, sequences, median, processes, process_sd, 1 + slowdown)
+            c = cmp.compare(cmp.Run("base", base), cmp.Run("new", new), threshold)
             verdicts[c.rows[0]["verdict"]] += 1
         outcome[slowdown] = dict(verdicts)
     return outcome
@@ -94,7 +108,7 @@ def split_threads(run: cmp.Run, threads: int) -> cmp.Run:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", nargs=2, metavar=("FIRST", "SECOND"), help="two runs of the same sweep (default: run "
-                   "the quick zoo sweep twice into --output)")
+                   "sweeps/nightly.toml twice into --output)")
     p.add_argument("--output", default="results/regression-detector", help="where to write runs and the verdict")
     p.add_argument("--pairs", type=int, default=200)
     p.add_argument("--threshold", default="5%")
@@ -110,11 +124,12 @@ def main() -> int:
             sweep(run)
     a, b = cmp.load_run(first), cmp.load_run(second)
 
-    sequences, run_sd, shifts = noise_model(a, b)
-    print(f"noise model: {len(sequences) // 2} configurations with >= 20 passes in both runs; run-to-run "
-          f"change of the median: median {100 * np.median(shifts):+.2f}%, largest {100 * np.max(np.abs(shifts)):.2f}%, "
-          f"robust sd per run {100 * run_sd:.2f}%")
-    outcome = synthetic(sequences, run_sd, args.pairs, threshold)
+    configs, process_sd, shifts = noise_model(a, b)
+    print(f"noise model: {len(configs)} configurations with >= 20 passes in every process, "
+          f"{configs[0][3]} process(es) per configuration and run; a process's median moves by {100 * process_sd:.2f}% "
+          f"(robust sd) around its configuration's; run-to-run change of a configuration: median "
+          f"{100 * np.median(shifts):+.2f}%, largest {100 * np.max(np.abs(shifts)):.2f}%")
+    outcome = synthetic(configs, process_sd, args.pairs, threshold)
     print(f"\nsynthetic pairs ({args.pairs} per row, threshold {100 * threshold:g}%):\n")
     print("| injected slowdown | regression | suspicious | unchanged | improvement |")
     print("|---|---|---|---|---|")
@@ -143,7 +158,7 @@ def main() -> int:
     for what, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'}: {what}")
     (out / "detector.json").write_text(json.dumps({
-        "runs": [str(first), str(second)], "threshold": threshold, "run_sd": run_sd, "pairs": args.pairs,
+        "runs": [str(first), str(second)], "threshold": threshold, "process_sd": process_sd, "pairs": args.pairs,
         "synthetic": {str(k): v for k, v in outcome.items()}, "repeat": repeat.counts, "threads": fewer.counts,
         "checks": checks}, indent=1))
     (out / "repeat.md").write_text(cmp.to_markdown(repeat))

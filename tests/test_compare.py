@@ -97,6 +97,27 @@ def test_a_change_is_a_regression_only_when_its_whole_interval_clears_the_thresh
     assert row["verdict"] == "regression" and "confidence target" in row["why"]
 
 
+def test_repeats_in_their_own_processes_show_how_much_a_process_moves():
+    """Two processes a side: one process 12% off is not a regression; both processes 10% slower is."""
+    rng = np.random.default_rng(21)
+
+    def side(*factors):
+        return cmp.Run("x", [record(noisy(rng, factor=f)).to_dict() for f in factors])
+
+    odd = cmp.compare(side(1.0, 1.0), side(1.0, 1.12)).rows[0]
+    assert odd["repeats"] == [2, 2] and odd["latency_change"]["rel"] == pytest.approx(0.06, abs=0.02)
+    assert odd["verdict"] != "regression"
+    pooled_as_one = verdict_of(record(np.concatenate([noisy(rng), noisy(rng)])),
+                               record(np.concatenate([noisy(rng), noisy(rng, factor=1.12)])))
+    assert pooled_as_one["latency_change"]["high"] - pooled_as_one["latency_change"]["low"] < \
+        odd["latency_change"]["high"] - odd["latency_change"]["low"]
+    both = cmp.compare(side(1.0, 1.0), side(1.1, 1.11)).rows[0]
+    assert both["verdict"] == "regression"
+    failed_once = cmp.compare(side(1.0, 1.0), cmp.Run("y", [record(noisy(rng)).to_dict(),
+                                                           record(status="failed").to_dict()])).rows[0]
+    assert failed_once["verdict"] == "regression" and failed_once["new_status"] == "failed"
+
+
 def test_too_few_passes_are_never_significant():
     row = verdict_of(record([10.0, 10.1, 9.9]), record([14.0, 14.1, 13.9]))
     assert row["verdict"] == "suspicious" and row["latency_change"]["rel"] == pytest.approx(0.4, abs=0.01)

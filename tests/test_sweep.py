@@ -219,3 +219,15 @@ def test_an_instance_that_dies_before_the_start_gives_a_failed_aggregate_with_th
     agg = records(tmp_path)[-1]
     assert agg["status"] == "failed" and agg["instance"]["aggregate"]
     assert "instance 1 ended before the start: killed by SIGKILL" in agg["reason"]
+
+
+def test_repeats_are_rounds_of_their_own_points():
+    one = SweepConfig(["resnet_18"], backends=["eager"], threads=[1, 2])
+    two = SweepConfig(["resnet_18"], backends=["eager"], threads=[1, 2], repeats=2)
+    first, again = one.points([1]), two.points([1])
+    assert [p.point_id for p in again[:2]] == [p.point_id for p in first]     # round 1 keeps its ids
+    assert [p.repeat for p in again] == [0, 0, 1, 1] and len({p.point_id for p in again}) == 4
+    assert again[2].label.endswith("(repeat 2)")
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(UsageError, match="repeats"):
+            SweepConfig(["resnet_18"], repeats=bad)
