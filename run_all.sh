@@ -4,8 +4,7 @@
 #   bash run_all.sh --full          every model x backend x precision x thread count (sweeps/full.toml)
 #   bash run_all.sh --config FILE   any sweep file (see sweeps/)
 #   bash run_all.sh --output DIR    where to write (default results/run_all-<profile>-<date>; reruns resume)
-#   bash run_all.sh --nightly       a new run of sweeps/nightly.toml (the quick points, each in two processes)
-#                                   into results/nightly-<date-time>, stored in the history
+#   bash run_all.sh --nightly       a new run (results/nightly-<date-time>), stored in the history
 #                                   (results/history.sqlite, or AIO_HISTORY), compared with the latest earlier
 #                                   run on this machine (or --baseline REF), regression report written;
 #                                   exit 1 on a regression. --threshold 5% sets the smallest change that matters.
@@ -30,7 +29,7 @@ while [ $# -gt 0 ]; do
         --baseline|--threshold) [ $# -ge 2 ] || { echo "run_all.sh: $1 needs a value" >&2; exit 2; } ;;&
         --baseline) baseline=$2; shift ;;
         --threshold) threshold=$2; shift ;;
-        -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
         *) echo "run_all.sh: unknown option '$1'; accepted: --quick, --full, --config FILE, --output DIR, --nightly," \
                 "--baseline REF, --threshold PCT" >&2; exit 2 ;;
     esac
@@ -44,7 +43,6 @@ if [ ${#nightly_args[@]} -gt 0 ] && [ $nightly = 0 ]; then
 fi
 if [ $nightly = 1 ]; then
     out=${out:-results/nightly-$(date +%Y%m%d-%H%M%S)}
-    [ -n "$config" ] || [ "$profile" = full ] || { config=sweeps/nightly.toml; profile=nightly; }
     # Check the threshold before the measuring, not after it.
     "$PY" - "${threshold:-5%}" <<'PYCHECK' || exit 2
 import sys

@@ -1,9 +1,10 @@
 """How often the nightly comparison cries wolf, and how often it catches a real slowdown, on this machine.
 
-    python benchmarks/regression_detector.py                     # runs the nightly sweep twice, then judges
+    python benchmarks/regression_detector.py                     # runs the quick zoo sweep twice, then judges
     python benchmarks/regression_detector.py --runs A B          # two existing runs of the same sweep
 
-The runs are of sweeps/nightly.toml: the quick zoo sweep's points, each measured in two processes.
+The runs are of the quick zoo sweep (sweeps/quick.toml), or any sweep given twice; with sweep repeats a
+configuration has several processes per run.
 1. Noise model from the two real runs: each configuration's passes (as measured, in order) and how much a
    process's median moves around its configuration's (robust sd over all configurations).
 2. Synthetic pairs built from that noise: every process of either side is block-resampled from a real
@@ -38,7 +39,7 @@ CONFIDENCE_TARGET = 0.01        # the runner's default: CI of the median within 
 
 
 def sweep(out: Path):
-    subprocess.run([sys.executable, "-m", "aio_examples", "sweep", "--config", str(ROOT / "sweeps" / "nightly.toml"),
+    subprocess.run([sys.executable, "-m", "aio_examples", "sweep", "--config", str(ROOT / "sweeps" / "quick.toml"),
                     "--output", str(out), "--quiet"], cwd=ROOT, check=True)
 
 
@@ -108,7 +109,7 @@ def split_threads(run: cmp.Run, threads: int) -> cmp.Run:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", nargs=2, metavar=("FIRST", "SECOND"), help="two runs of the same sweep (default: run "
-                   "sweeps/nightly.toml twice into --output)")
+                   "the quick zoo sweep twice into --output)")
     p.add_argument("--output", default="results/regression-detector", help="where to write runs and the verdict")
     p.add_argument("--pairs", type=int, default=200)
     p.add_argument("--threshold", default="5%")

@@ -308,6 +308,12 @@ def test_real_runs_same_configuration_and_fewer_threads(tmp_path):
         assert proc.returncode == 0, proc.stderr[-2000:]
         return out
 
+    import psutil
+
+    # Two threads on a 2-core machine that something else keeps busy measure that contention, not threads.
+    busy = psutil.cpu_percent(interval=2.0) / 100 * psutil.cpu_count()
+    if busy > 0.3:
+        pytest.skip(f"other processes use {busy:.1f} cores: a thread-count comparison needs a quiet machine")
     a, b, one = measure("a", 2), measure("b", 2), measure("one", 1)
     # Same configuration twice: whatever this shared machine does in between, not a regression at 20%.
     proc = run_cli(["-m", "aio_examples", "compare", str(a), str(b), "--threshold", "20%", "--format", "json"])
