@@ -32,15 +32,17 @@ fi
 "$PY" -m pip install -q --no-deps -e .
 if [ "${1:-}" = "--dev" ]; then
     "$PY" -m pip install -q -r requirements-dev.txt -c constraints.txt
-    # The notebook server test drives a real browser: Debian's chromium (Playwright downloads none).
-    if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null || \
-            echo "setup.sh: chromium could not be installed; the browser test will be skipped" >&2
-    fi
-    # The container tests validate docker-compose.yml with `docker-compose config` (Debian's docker-compose).
-    if ! command -v docker-compose >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null || \
-            echo "setup.sh: docker-compose could not be installed; the compose tests will be skipped" >&2
+    # Debian packages of the dev tests: chromium (the notebook server test drives a real browser; Playwright
+    # downloads none) and docker-compose (the container tests run `docker-compose config`).
+    dev_missing=()
+    command -v chromium >/dev/null || dev_missing+=(chromium)
+    command -v docker-compose >/dev/null || dev_missing+=(docker-compose)
+    if [ ${#dev_missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get update -qq || true
+        for pkg in "${dev_missing[@]}"; do
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$pkg" >/dev/null || \
+                echo "setup.sh: $pkg could not be installed; the tests that need it will be skipped" >&2
+        done
     fi
 fi
 "$PY" -m pip check

@@ -411,7 +411,8 @@ def do_nightly(args) -> int:
     if info["baseline"] is None:
         print(info["text"], end="")
         return code
-    print(f"compared with {info['baseline']}: {info['summary']}")
+    print(f"compared with {info['baseline']}: {info['summary']}; run-to-run spread from the history for "
+          f"{info['noise_known']} configuration(s)")
     print(f"regression report: {info['md']}, {info['html']}, {info['json']}")
     if code:
         print("REGRESSION: see the report", file=sys.stderr)

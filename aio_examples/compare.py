@@ -71,6 +71,11 @@ class Run:
         return seen
 
     @property
+    def started_at(self) -> str | None:
+        """When its first record was made (ISO timestamps sort as text)."""
+        return min((r["timestamp"] for r in self.records if r.get("timestamp")), default=None)
+
+    @property
     def machine(self) -> str | None:
         """The fingerprint most of its records carry."""
         machines = [m for m in (machine_fingerprint(r.get("env")) for r in self.records) if m]
@@ -227,7 +232,7 @@ def judge(key: tuple, base: dict, new: dict, threshold: float, confidence: float
         if has_samples else None
     mean = stats.relative_change(base["groups"], new["groups"], np.mean, confidence, seed=seed) \
         if has_samples else None
-    tp = _throughput_change(base["throughput"], new["throughput"], mean)
+    tp = _throughput_change(base["throughput"], new["throughput"], mean, confidence)
     if run_sd:
         lat = stats.widen(lat, run_sd) if lat else None
         tp = stats.widen(tp, run_sd) if tp else None
@@ -263,13 +268,13 @@ def _verdict(ch: stats.Change, threshold: float, confident: bool, what: str) -> 
     return {"verdict": "suspicious", "why": f"{what} {_pct(ch.rel)}, but the interval {reaches}{note}"}
 
 
-def _throughput_change(ta, tb, mean: stats.Change | None) -> stats.Change | None:
+def _throughput_change(ta, tb, mean: stats.Change | None, confidence: float) -> stats.Change | None:
     """Throughput change from the recorded values; its interval from the mean latency's (throughput ~ 1/mean)."""
     if not ta or not tb:
         return None
     rel = tb / ta - 1.0
     if mean is None or not math.isfinite(mean.low):
-        return stats.Change(rel, float("-inf"), float("inf"), mean.confidence if mean else 0.95)
+        return stats.Change(rel, float("-inf"), float("inf"), confidence)
     # Mean latency up by x means throughput down by 1/(1+x); keep the recorded point, move the bounds alike.
     scale = (1 + rel) * (1 + mean.rel)
     return stats.Change(rel, scale / (1 + mean.high) - 1, scale / (1 + mean.low) - 1, mean.confidence)

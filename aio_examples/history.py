@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .compare import Run, config_key
+from .compare import KEY_FIELDS, Run, config_key
 from .environment import machine_description, machine_fingerprint
 from .errors import UsageError
 
@@ -116,22 +116,20 @@ class History:
         existing = self.conn.execute("SELECT id FROM runs WHERE digest = ?", (digest,)).fetchone()
         if existing:
             return existing[0], False
-        with_env = [r for r in records if machine_fingerprint(r.get("env"))]
-        env = with_env[0]["env"] if with_env else {}
-        machine = machine_fingerprint(env)
+        machine = run.machine           # the fingerprint compare and the nightly baseline look up
+        env = next((r["env"] for r in records if machine_fingerprint(r.get("env")) == machine), {})
         versions = {k: v for k, v in (env.get("versions") or {}).items() if v}
-        started = min((r.get("timestamp") for r in records if r.get("timestamp")), default=None)
         with self._transaction():
             cur = self.conn.execute(
                 "INSERT INTO runs (digest, source, label, added_at, started_at, machine, machine_desc, git_commit, "
                 "versions, env) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (digest, run.label, label, datetime.now(UTC).isoformat(timespec="seconds"), started, machine,
+                (digest, run.label, label, datetime.now(UTC).isoformat(timespec="seconds"), run.started_at, machine,
                  machine_description(env) if env else None, env.get("git_commit"), json.dumps(versions),
                  json.dumps(env, default=str)))
             run_id = cur.lastrowid
             for r in records:
-                key = dict(zip(("model", "backend", "precision", "batch_size", "threads", "instances",
-                                "allocator", "shape"), config_key(r, machine)))
+                key = dict(zip(KEY_FIELDS, config_key(r, machine)))
+                del key["machine"]               # stored once, with the run
                 self.conn.execute(
                     "INSERT INTO records (run_id, model, backend, precision, batch_size, threads, instances, "
                     "allocator, shape, status, median_ms, throughput, unit, timestamp, record) "

@@ -22,8 +22,7 @@ def nightly(results, baseline: str | None = None, history_path=None, threshold: 
         if baseline:
             base = cmp.load_run(baseline, h.path)
         else:
-            started = min((r.get("timestamp") for r in new.records if r.get("timestamp")), default=None)
-            base_id = h.latest(machine, exclude=run_id, before=started)
+            base_id = h.latest(machine, exclude=run_id, before=new.started_at)
             base = h.run(str(base_id)) if base_id else None
         info = {"run_id": run_id, "stored": fresh, "history": str(h.path),
                 "baseline": base.label if base else None}
@@ -36,8 +35,8 @@ def nightly(results, baseline: str | None = None, history_path=None, threshold: 
         noise = h.run_noise(machine, keys, before=run_id)
     comparison = cmp.compare(base, new, threshold, run_noise=noise)
     written = {}
-    for fmt, suffix in (("md", "md"), ("html", "html"), ("json", "json")):
-        written[fmt] = out / f"regression.{suffix}"
+    for fmt in cmp.FORMATS:
+        written[fmt] = out / f"regression.{fmt}"
         written[fmt].write_text(cmp.render(comparison, fmt))
-    return comparison.exit_code, {**info, **written, "text": cmp.to_markdown(comparison),
-                                  "summary": cmp.summary_line(comparison), "noise_known": len(noise)}
+    return comparison.exit_code, {**info, **written, "summary": cmp.summary_line(comparison),
+                                  "noise_known": len(noise)}

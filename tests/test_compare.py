@@ -2,11 +2,15 @@
 
 import json
 import os
+import shutil
 import sqlite3
+import subprocess
 
 import numpy as np
+import psutil
 import pytest
-from conftest import run_cli
+import yaml
+from conftest import ROOT, run_cli
 
 from aio_examples import compare as cmp
 from aio_examples import history as hist
@@ -308,8 +312,6 @@ def test_real_runs_same_configuration_and_fewer_threads(tmp_path):
         assert proc.returncode == 0, proc.stderr[-2000:]
         return out
 
-    import psutil
-
     # Two threads on a 2-core machine that something else keeps busy measure that contention, not threads.
     busy = psutil.cpu_percent(interval=2.0) / 100 * psutil.cpu_count()
     if busy > 0.3:
@@ -330,11 +332,6 @@ def test_real_runs_same_configuration_and_fewer_threads(tmp_path):
 
 def test_run_all_nightly_end_to_end(tmp_path):
     """run_all.sh --nightly twice on a tiny real sweep, then against a baseline twice as fast."""
-    import shutil
-    import subprocess
-
-    from conftest import ROOT
-
     sweep = tmp_path / "tiny.toml"
     sweep.write_text('models = ["squeezenet"]\nbackends = ["eager"]\nthreads = [1]\nshape = {input_size = 32}\n'
                      'timeout = 1\npoint_timeout = 300\n')
@@ -368,11 +365,6 @@ def test_run_all_nightly_end_to_end(tmp_path):
 
 
 def test_nightly_workflow_is_valid_and_runs_the_same_script():
-    import subprocess
-
-    import yaml
-    from conftest import ROOT
-
     path = ROOT / ".github" / "workflows" / "nightly.yml"
     proc = subprocess.run(["check-jsonschema", "--builtin-schema", "vendor.github-workflows", str(path)],
                           capture_output=True, text=True, check=False)

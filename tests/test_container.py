@@ -70,10 +70,15 @@ COMPOSE_VARS = ("AIO_IMAGE", "AIO_CPUSET", "AIO_PRIVILEGED", "AIO_USER", "AIO_NO
                 "JUPYTER_TOKEN")
 
 
-def compose_config(**env) -> dict:
+def run_compose_config(**env) -> subprocess.CompletedProcess:
+    """`docker-compose config` with only these of the file's variables set."""
     clean = {k: v for k, v in os.environ.items() if k not in COMPOSE_VARS}
-    out = subprocess.run(["docker-compose", "-f", str(ROOT / "docker-compose.yml"), "config"], cwd=ROOT,
-                         env={**clean, **env}, capture_output=True, text=True, check=False)
+    return subprocess.run(["docker-compose", "-f", str(ROOT / "docker-compose.yml"), "config"], cwd=ROOT,
+                          env={**clean, **env}, capture_output=True, text=True, check=False)
+
+
+def compose_config(**env) -> dict:
+    out = run_compose_config(**env)
     assert out.returncode == 0, out.stderr
     return yaml.safe_load(out.stdout)["services"]
 
@@ -111,9 +116,7 @@ def test_compose_takes_cpuset_privileged_user_and_port_from_the_environment():
 
 @needs_compose
 def test_compose_refuses_a_privileged_value_that_is_not_a_boolean():
-    clean = {k: v for k, v in os.environ.items() if k not in COMPOSE_VARS}
-    out = subprocess.run(["docker-compose", "-f", str(ROOT / "docker-compose.yml"), "config"], cwd=ROOT,
-                         env={**clean, "AIO_PRIVILEGED": "maybe"}, capture_output=True, text=True, check=False)
+    out = run_compose_config(AIO_PRIVILEGED="maybe")
     assert out.returncode != 0 and "privileged" in out.stderr
 
 
