@@ -2,17 +2,24 @@
 
 A configuration is (model, backend, precision, batch size, threads, instances, allocator, input shape,
 machine fingerprint). For each configuration present on both sides the relative change of the median
-latency (and of throughput) gets a bootstrap confidence interval from the raw samples, and a verdict:
+latency (and of throughput) gets a confidence interval, and a verdict:
 
-* `regression` / `improvement`: confidently at least the threshold: the whole interval is beyond it;
-* `suspicious`: beyond the threshold, but the interval reaches inside it or includes no change (too
-  noisy to tell, or a side that missed its confidence target);
+* `regression` / `improvement`: beyond the threshold and significant (the interval excludes no change),
+  with both sides having met their confidence target;
+* `suspicious`: beyond the threshold, but not significant, or a side missed its confidence target;
 * `unchanged`: otherwise.
+
+The interval has two terms, added on the log scale. The passes of each process give the within-run term
+(a bootstrap). A whole process also settles a percent or more away from the next one (memory layout,
+placement, the neighbours of a shared machine), which no number of passes in one process shows; that
+between-run term comes from, in order: the history's run-to-run spread of the configuration, the spread of
+a run's repeated processes (pooled over its configurations, per backend), or how far the changes of all
+matched configurations scatter (robustly, per backend). Without any of these the interval is the
+within-run term only, and the report says so.
 
 A status change from ok to anything else is a regression (it no longer runs, or its answer is wrong), the
 reverse an improvement. Multi-instance configurations are judged on their aggregate throughput, with the
-pooled passes of their instances for the interval. When the history knows how much a configuration moves
-from run to run on this machine, that spread widens the interval (see stats.widen).
+pooled passes of their instances for the interval.
 """
 
 import html
@@ -35,6 +42,9 @@ IGNORABLE = ("threads", "batch_size", "instances", "allocator", "shape", "machin
 REQUIRED = ("model", "backend", "precision", "batch_size", "threads", "status")
 DEFAULT_THRESHOLD = 0.05
 LIBRARIES = ("torch", "torchvision", "transformers", "numpy", "onnxruntime", "openvino")
+MIN_NOISE_DOF = 4        # repeats: pooled processes of a backend, fewer and all backends are pooled
+MIN_SPREAD_CONFIGS = 6   # matched configurations before their changes' spread is a noise estimate ...
+SPREAD_PER_BACKEND = 12  # ... and per backend from this many (fewer: all backends pooled)
 
 
 def parse_threshold(text: str) -> float:
@@ -86,7 +96,7 @@ class Run:
 
         Each entry: `record` (the one shown: the first that did not run ok, else the last), `groups` (the
         passes of each ok record; a multi-instance aggregate's are its instances' passes, pooled),
-        `median_ms` and `throughput` (means over the ok records) and `confident` (every ok record met
+        `median_ms` and `throughput` (medians over the ok records) and `confident` (every ok record met
         its confidence target).
         """
         machines = [machine_fingerprint(r.get("env")) for r in self.records]
@@ -116,8 +126,8 @@ class Run:
             rates = [(r.get("throughput") or {}).get("value") for r in ok]
             configs[key] = {
                 "record": bad[0] if bad else records[-1], "groups": groups, "repeats": len(records),
-                "median_ms": float(np.mean(medians)) if ok and all(medians) else None,
-                "throughput": float(np.mean(rates)) if ok and all(rates) else None,
+                "median_ms": float(np.median(medians)) if ok and all(medians) else None,
+                "throughput": float(np.median(rates)) if ok and all(rates) else None,
                 "confident": bool(ok) and all(r.get("confidence_met") for r in ok)}
         return configs
 
@@ -175,7 +185,7 @@ class Comparison:
 
 def compare(baseline: Run, new: Run, threshold: float = DEFAULT_THRESHOLD, confidence: float = 0.95,
             ignore=(), run_noise: dict | None = None) -> Comparison:
-    """Match configurations and judge each one. `run_noise`: key -> run-to-run sd of log medians."""
+    """Match configurations and judge each one. `run_noise`: key -> run-to-run sd of log medians (history)."""
     bad = [f for f in ignore if f not in IGNORABLE]
     if bad:
         raise UsageError(f"--ignore {','.join(bad)!r} is not a configuration field; accepted: {', '.join(IGNORABLE)}")
@@ -184,10 +194,63 @@ def compare(baseline: Run, new: Run, threshold: float = DEFAULT_THRESHOLD, confi
     out = Comparison(baseline, new, threshold, confidence, tuple(ignore))
     out.notes = _differences(baseline, new, ignore)
     a, b = baseline.configurations(ignore), new.configurations(ignore)
-    for key in sorted(a.keys() & b.keys(), key=str):
-        out.rows.append(judge(key, a[key], b[key], threshold, confidence, (run_noise or {}).get(key, 0.0)))
+    matched = sorted(a.keys() & b.keys(), key=str)
+    noise = between_run_noise(a, b, matched, run_noise or {})
+    for key in matched:
+        out.rows.append(judge(key, a[key], b[key], threshold, confidence, noise.get(key)))
     out.missing = [_describe(k, a[k]["record"]) for k in sorted(a.keys() - b.keys(), key=str)]
     out.added = [_describe(k, b[k]["record"]) for k in sorted(b.keys() - a.keys(), key=str)]
+    return out
+
+
+@dataclass(frozen=True)
+class Noise:
+    """The between-run term of a change's interval: sd of the log change, its degrees of freedom, its source."""
+
+    se: float
+    dof: float | None
+    kind: str            # history | repeats | spread
+    source: str
+
+
+def between_run_noise(a: dict, b: dict, keys: list, run_noise: dict) -> dict:
+    """key -> Noise for the matched configurations, from the best source each has (see the module's doc)."""
+    backend = KEY_FIELDS.index("backend")
+
+    def per_backend(values: dict, enough) -> dict:
+        """backend -> estimate from that backend's values, or from all of them when a backend has too few."""
+        every = [v for vs in values.values() for v in vs]
+        return {name: (vs if enough(vs) else every) for name, vs in values.items()}
+
+    # Repeats: processes of one configuration in one run, pooled over configurations of a backend.
+    sides = {}
+    for configs in (a, b):
+        for key, c in configs.items():
+            if len(c["groups"]) >= 2:
+                sides.setdefault(key[backend], []).append(c["groups"])
+    pooled = {name: stats.process_spread(groups)
+              for name, groups in per_backend(sides, lambda g: stats.process_spread(g)[1] >= MIN_NOISE_DOF).items()}
+    # Otherwise: how far the matched configurations' changes scatter, robustly, per backend.
+    changes = {}
+    for key in keys:
+        ma, mb = a[key]["median_ms"], b[key]["median_ms"]
+        if ma and mb and a[key]["groups"] and b[key]["groups"]:
+            changes.setdefault(key[backend], []).append(np.log(mb / ma))
+    spread = {name: (stats.change_spread(vs), len(vs))
+              for name, vs in per_backend(changes, lambda v: len(v) >= SPREAD_PER_BACKEND).items()
+              if len(vs) >= MIN_SPREAD_CONFIGS}
+    out = {}
+    for key in keys:
+        ka, kb = len(a[key]["groups"]), len(b[key]["groups"])
+        sd, dof = pooled.get(key[backend], (float("nan"), 0))
+        if run_noise.get(key):
+            out[key] = Noise(float(np.sqrt(2) * run_noise[key]), None, "history", "the history's run-to-run spread")
+        elif dof >= MIN_NOISE_DOF and ka and kb:
+            out[key] = Noise(float(sd * np.sqrt(stats.median_variance(ka) + stats.median_variance(kb))), dof, "repeats",
+                             f"repeated processes (sd {100 * sd:.2f}% a process, {dof} df)")
+        elif key[backend] in spread:
+            (sd, dof), n = spread[key[backend]]
+            out[key] = Noise(sd, dof, "spread", f"the spread of {n} configurations' changes (sd {100 * sd:.2f}%)")
     return out
 
 
@@ -210,13 +273,15 @@ def _describe(key: tuple, record: dict) -> dict:
     return {**dict(zip(KEY_FIELDS, key)), "status": record["status"]}
 
 
-def judge(key: tuple, base: dict, new: dict, threshold: float, confidence: float, run_sd: float = 0.0) -> dict:
+def judge(key: tuple, base: dict, new: dict, threshold: float, confidence: float,
+          noise: Noise | None = None) -> dict:
     """The verdict for one configuration present on both sides."""
     ra, rb = base["record"], new["record"]
     row = {**dict(zip(KEY_FIELDS, key)), "baseline_status": ra["status"], "new_status": rb["status"],
            "baseline_ms": base["median_ms"], "new_ms": new["median_ms"], "latency_change": None,
            "throughput_change": None, "baseline_confident": base["confident"], "new_confident": new["confident"],
-           "repeats": [base["repeats"], new["repeats"]], "run_noise": run_sd or None}
+           "repeats": [base["repeats"], new["repeats"]],
+           "noise": {"se": noise.se, "dof": noise.dof, "kind": noise.kind, "source": noise.source} if noise else None}
     if ra["status"] != "ok" or rb["status"] != "ok":
         if ra["status"] == rb["status"]:
             return {**row, "verdict": "unchanged", "why": f"{ra['status']} on both sides"}
@@ -233,9 +298,9 @@ def judge(key: tuple, base: dict, new: dict, threshold: float, confidence: float
     mean = stats.relative_change(base["groups"], new["groups"], np.mean, confidence, seed=seed) \
         if has_samples else None
     tp = _throughput_change(base["throughput"], new["throughput"], mean, confidence)
-    if run_sd:
-        lat = stats.widen(lat, run_sd) if lat else None
-        tp = stats.widen(tp, run_sd) if tp else None
+    if noise:
+        lat = stats.widen(lat, noise.se, noise.dof) if lat else None
+        tp = stats.widen(tp, noise.se, noise.dof) if tp else None
     row["latency_change"] = lat.to_dict() if lat else None
     row["throughput_change"] = tp.to_dict() if tp else None
     # Slower = positive: latency up, or (multi-instance) throughput down.
@@ -243,29 +308,32 @@ def judge(key: tuple, base: dict, new: dict, threshold: float, confidence: float
     if judged is None:
         return {**row, "verdict": "unchanged", "why": "no samples to compare"}
     confident = row["baseline_confident"] and row["new_confident"] or aggregate
-    return {**row, **_verdict(judged, threshold, confident, "throughput" if aggregate else "median latency")}
+    verdict = _verdict(judged, threshold, confident, "throughput" if aggregate else "median latency")
+    if noise is None and verdict["verdict"] != "unchanged":
+        verdict["why"] += " (interval from the passes only: no repeats, history or other configurations to " \
+                          "tell how much a run moves)"
+    return {**row, **verdict}
 
 
 def _verdict(ch: stats.Change, threshold: float, confident: bool, what: str) -> dict:
-    """Regression: confidently at least `threshold` slower, i.e. the whole interval is beyond it.
+    """Regression: at least `threshold` slower and significantly so (the interval excludes no change).
 
-    Run-to-run noise on a shared machine is larger than the passes of one run suggest, so a change merely
-    significant and past the threshold (its point estimate) would be flagged about once in a hundred
-    pure-noise pairs here; asking the interval to clear the threshold keeps that rare while a slowdown
-    twice the threshold is still caught (benchmarks/regression_detector.py measures both).
+    A side that missed its confidence target measured less precisely than asked: then only a change whose
+    whole interval clears the threshold counts, and anything less beyond it is suspicious.
     """
     slower, faster = ch.rel >= threshold, ch.rel <= -threshold
-    note = "" if confident else " (a side missed its confidence target)"
+    significant = ch.low > 0 or ch.high < 0
     if not (slower or faster):
-        significant = ch.low > 0 or ch.high < 0
         return {"verdict": "unchanged", "why": f"{what} {_pct(ch.rel)}" +
                 (", significant but below the threshold" if significant else ", within noise")}
-    if slower and ch.low >= threshold:
-        return {"verdict": "regression", "why": f"{what} {_pct(ch.rel)}, interval beyond the threshold{note}"}
-    if faster and ch.high <= -threshold:
-        return {"verdict": "improvement", "why": f"{what} {_pct(ch.rel)}, interval beyond the threshold{note}"}
-    reaches = "includes no change" if (ch.low <= 0 <= ch.high) else "reaches inside the threshold"
-    return {"verdict": "suspicious", "why": f"{what} {_pct(ch.rel)}, but the interval {reaches}{note}"}
+    clears = ch.low >= threshold if slower else ch.high <= -threshold
+    note = "" if confident else " (a side missed its confidence target)"
+    if significant and (confident or clears):
+        return {"verdict": "regression" if slower else "improvement",
+                "why": f"{what} {_pct(ch.rel)}, beyond the threshold and significant{note}"}
+    why = "the interval includes no change" if not significant else \
+        "a side missed its confidence target and the interval reaches inside the threshold"
+    return {"verdict": "suspicious", "why": f"{what} {_pct(ch.rel)}, but {why}"}
 
 
 def _throughput_change(ta, tb, mean: stats.Change | None, confidence: float) -> stats.Change | None:
@@ -309,6 +377,7 @@ def _table_rows(rows: list[dict]) -> list[dict]:
             f"{round(100 * (lat or tp or {}).get('confidence', 0.95))}% CI":
                 f"{_pct(lat['low'])} .. {_pct(lat['high'])}" if lat and math.isfinite(lat["low"]) else "-",
             "throughput": _pct(tp["rel"]) if tp else "-",
+            "run noise": f"{100 * r['noise']['se']:.1f}% ({r['noise']['kind']})" if r.get("noise") else "-",
             "verdict": r["verdict"], "why": r["why"],
         })
     return shown
@@ -318,7 +387,7 @@ def summary_line(c: Comparison) -> str:
     n = c.counts
     return (f"{n['regression']} regression(s), {n['suspicious']} suspicious, {n['improvement']} improvement(s), "
             f"{n['unchanged']} unchanged, {n['missing']} missing, {n['new']} new; threshold {100 * c.threshold:g}%, "
-            f"{100 * c.confidence:g}% bootstrap intervals of the change"
+            f"{100 * c.confidence:g}% intervals of the change (passes and between-run noise)"
             + (f"; ignoring {', '.join(c.ignore)}" if c.ignore else ""))
 
 

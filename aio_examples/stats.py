@@ -77,15 +77,17 @@ def relative_change(baseline, new, statistic=np.median, confidence: float = 0.95
     """Change of `statistic` (median or mean) from `baseline` to `new` samples, with a percentile bootstrap CI.
 
     A side is an array of passes, or a list of arrays: the same configuration measured in several processes.
-    Then the statistic is the mean over processes of each one's statistic, and the bootstrap resamples the
-    processes as well as their passes, so the interval includes how much a process moves on its own.
+    Then the statistic is the median over processes of each one's statistic (with two, their mean): one
+    process that settled far off moves it least. The bootstrap resamples passes
+    (within each process): the interval covers the noise of the passes only. How much a whole process or run
+    moves on its own is a separate, larger term that a handful of processes cannot bootstrap; `widen` adds it.
     Both sides are resampled independently (different runs), the ratio is taken on a log scale so slower
     and faster are symmetric, and the seed makes a report reproducible.
     """
     ga, gb = _groups(baseline), _groups(new)
 
     def point(groups):
-        return float(np.mean([statistic(g) for g in groups]))
+        return float(np.median([statistic(g) for g in groups]))
 
     rel = point(gb) / point(ga) - 1.0
     if sum(g.size for g in ga) < MIN_SAMPLES or sum(g.size for g in gb) < MIN_SAMPLES:
@@ -99,11 +101,8 @@ def relative_change(baseline, new, statistic=np.median, confidence: float = 0.95
                              method="percentile", vectorized=True, paired=False, rng=rng).confidence_interval
         low, high = ci.low, ci.high
     else:
-        def resampled(groups):        # n_resamples values of the side's statistic: processes, then passes
-            per_group = np.column_stack([statistic(rng.choice(g, size=(n_resamples, g.size)), axis=1)
-                                         for g in groups])
-            pick = rng.integers(len(groups), size=(n_resamples, len(groups)))
-            return np.take_along_axis(per_group, pick, axis=1).mean(axis=1)
+        def resampled(groups):        # n_resamples values of the side's statistic, passes resampled per process
+            return np.median([statistic(rng.choice(g, size=(n_resamples, g.size)), axis=1) for g in groups], axis=0)
 
         ratios = np.log(resampled(gb) / resampled(ga))
         low, high = np.percentile(ratios, [50 * (1 - confidence), 50 * (1 + confidence)])
@@ -116,16 +115,56 @@ def _groups(side) -> list:
     return [np.asarray(side, dtype=float)]
 
 
-def widen(change: Change, run_sd: float) -> Change:
-    """Add run-to-run spread to a within-run interval. `run_sd`: standard deviation of one run's log median.
+def widen(change: Change, se_log: float, dof: float | None = None) -> Change:
+    """Add between-run noise to a within-run interval, in quadrature on the log scale.
 
-    A run's passes say nothing about how much a whole run moves from one night to the next on this
-    machine; when the history knows that spread, it is added in quadrature on the log scale, once for
-    each of the two runs compared.
+    `se_log`: standard deviation of the log change that whole processes and runs add (what the passes of
+    one process cannot show). `dof`: its degrees of freedom when it was estimated from few values; the
+    interval then uses Student's t instead of the normal quantile.
     """
-    if not np.isfinite(change.low) or not np.isfinite(change.high) or run_sd <= 0:
+    if not np.isfinite(change.low) or not np.isfinite(change.high) or not se_log > 0:
         return change
     z = stats.norm.ppf(0.5 + change.confidence / 2)
+    q = stats.t.ppf(0.5 + change.confidence / 2, dof) if dof else z
     center = np.log1p(change.rel)
-    se = np.hypot((np.log1p(change.high) - np.log1p(change.low)) / (2 * z), np.sqrt(2) * run_sd)
-    return Change(change.rel, float(np.expm1(center - z * se)), float(np.expm1(center + z * se)), change.confidence)
+    se = np.hypot((np.log1p(change.high) - np.log1p(change.low)) / (2 * z), se_log)
+    return Change(change.rel, float(np.expm1(center - q * se)), float(np.expm1(center + q * se)), change.confidence)
+
+
+def process_spread(sides) -> tuple[float, int]:
+    """Pooled standard deviation of a process's log median around its configuration's, with its degrees of freedom.
+
+    `sides`: lists of processes' passes, each the same configuration measured in several processes of one run.
+    Pooling over configurations gives a usable estimate from two or three processes each; (nan, 0) without
+    any repeats.
+    """
+    squares, dof = 0.0, 0
+    for groups in sides:
+        if len(groups) >= 2:
+            logs = np.log([np.median(g) for g in groups])
+            squares += float(((logs - logs.mean()) ** 2).sum())
+            dof += len(logs) - 1
+    return (float(np.sqrt(squares / dof)), dof) if dof else (float("nan"), 0)
+
+
+# Variance of the median of k normal values, in units of one value's variance (exact for small k).
+_MEDIAN_VARIANCE = {1: 1.0, 2: 0.5, 3: 0.449, 4: 0.343, 5: 0.287}
+
+
+def median_variance(k: int) -> float:
+    """How much the median of k processes still moves, relative to one process (pi/2k for large k)."""
+    return _MEDIAN_VARIANCE.get(k, np.pi / (2 * k))
+
+
+MAD_EFFICIENCY = 0.37    # the MAD's efficiency at the normal: n values are worth about 0.37 n for its spread
+
+
+def change_spread(log_changes) -> tuple[float, float]:
+    """Robust standard deviation of run-to-run log changes over many configurations, and its degrees of freedom.
+
+    Most configurations do not change between two runs, so how far their changes scatter is the noise of a
+    change; the MAD keeps the few that did change (or a shift of them all) from inflating it.
+    """
+    x = np.asarray(log_changes, dtype=float)
+    return (float(stats.median_abs_deviation(x, scale="normal")),
+            max(1.0, MAD_EFFICIENCY * (x.size - 1)))

@@ -15,6 +15,7 @@ from conftest import ROOT, run_cli
 from aio_examples import compare as cmp
 from aio_examples import history as hist
 from aio_examples import results as res
+from aio_examples import stats
 from aio_examples.environment import capture, machine_fingerprint
 from aio_examples.errors import UsageError
 from aio_examples.nightly import nightly
@@ -88,38 +89,86 @@ def test_speedup_is_an_improvement_and_the_interval_covers_the_truth():
     assert row["throughput_change"]["rel"] > 0.15
 
 
-def test_a_change_is_a_regression_only_when_its_whole_interval_clears_the_threshold():
+def test_a_regression_is_beyond_the_threshold_and_significant():
     rng = np.random.default_rng(5)
     base = noisy(rng, n=400)
     new = rng.permutation(base) * 1.052           # the same passes, 5.2% slower: an interval around +5.2%
     row = verdict_of(record(base, confident=True), record(new, confident=True))
-    assert row["verdict"] == "suspicious" and row["latency_change"]["low"] < 0.05 < row["latency_change"]["rel"]
+    assert row["verdict"] == "regression" and 0 < row["latency_change"]["low"] < 0.05 < row["latency_change"]["rel"]
+    # Significant but below the threshold: unchanged, and said so.
+    row = verdict_of(record(base, confident=True), record(rng.permutation(base) * 1.03, confident=True))
+    assert row["verdict"] == "unchanged" and "significant but below the threshold" in row["why"]
+    # A side that missed its confidence target: only an interval clearing the threshold is enough.
     row = verdict_of(record(base, confident=True), record(new, confident=False))
     assert row["verdict"] == "suspicious" and "confidence target" in row["why"]
-    # A slowdown whose whole interval is beyond the threshold is a regression, confidence target or not.
     row = verdict_of(record(base), record(rng.permutation(base) * 1.5, confident=False))
     assert row["verdict"] == "regression" and "confidence target" in row["why"]
+    # Beyond the threshold but not significant: suspicious.
+    few = [10.0, 10.4, 9.7, 10.9, 9.5, 10.2]
+    row = verdict_of(record(few, confident=True), record([v * 1.06 for v in few[::-1]], confident=True))
+    assert row["latency_change"]["low"] < 0 and row["verdict"] == "suspicious" and "no change" in row["why"]
+
+
+def run_of(rng, factors: dict, processes=3, run_sd=RUN_SD) -> cmp.Run:
+    """One run of several configurations (threads 1..n), each measured in `processes` processes; `factors`:
+    threads -> slowdown of that configuration, or a list of one factor per process."""
+    records = []
+    for threads, factor in factors.items():
+        per_process = factor if isinstance(factor, list) else [factor] * processes
+        for f in per_process:
+            x = noisy(rng, factor=f) * np.exp(rng.normal(0, run_sd))
+            records.append(record(x, threads=threads, confident=True).to_dict())
+    return cmp.Run("run", records)
 
 
 def test_repeats_in_their_own_processes_show_how_much_a_process_moves():
-    """Two processes a side: one process 12% off is not a regression; both processes 10% slower is."""
+    """Three processes a side over six configurations: one process 12% off is not a regression (the median of
+    the processes hardly moves); every process 10% slower is; the between-run term comes from the repeats."""
     rng = np.random.default_rng(21)
-
-    def side(*factors):
-        return cmp.Run("x", [record(noisy(rng, factor=f)).to_dict() for f in factors])
-
-    odd = cmp.compare(side(1.0, 1.0), side(1.0, 1.12)).rows[0]
-    assert odd["repeats"] == [2, 2] and odd["latency_change"]["rel"] == pytest.approx(0.06, abs=0.02)
-    assert odd["verdict"] != "regression"
-    pooled_as_one = verdict_of(record(np.concatenate([noisy(rng), noisy(rng)])),
-                               record(np.concatenate([noisy(rng), noisy(rng, factor=1.12)])))
-    assert pooled_as_one["latency_change"]["high"] - pooled_as_one["latency_change"]["low"] < \
+    base = run_of(rng, dict.fromkeys(range(1, 7), 1.0))
+    new = run_of(rng, {1: [1.0, 1.0, 1.12], 2: 1.10, **dict.fromkeys(range(3, 7), 1.0)})
+    rows = {r["threads"]: r for r in cmp.compare(base, new).rows}
+    odd, slower = rows[1], rows[2]
+    assert odd["repeats"] == [3, 3] and odd["latency_change"]["rel"] == pytest.approx(0.0, abs=0.03)
+    assert odd["verdict"] != "regression" and odd["noise"]["kind"] == "repeats"
+    assert slower["verdict"] == "regression"
+    assert {r["verdict"] for t, r in rows.items() if t > 2} == {"unchanged"}
+    # Pooled over the six configurations, the spread has 24 degrees of freedom; judged alone, its own 4 and
+    # its own odd process make the interval wider.
+    alone = cmp.compare(cmp.Run("a", [r for r in base.records if r["threads"] == 1]),
+                        cmp.Run("b", [r for r in new.records if r["threads"] == 1])).rows[0]
+    assert odd["noise"]["dof"] == 24 and alone["noise"]["dof"] == 4
+    assert alone["latency_change"]["high"] - alone["latency_change"]["low"] > \
         odd["latency_change"]["high"] - odd["latency_change"]["low"]
-    both = cmp.compare(side(1.0, 1.0), side(1.1, 1.11)).rows[0]
-    assert both["verdict"] == "regression"
-    failed_once = cmp.compare(side(1.0, 1.0), cmp.Run("y", [record(noisy(rng)).to_dict(),
-                                                           record(status="failed").to_dict()])).rows[0]
-    assert failed_once["verdict"] == "regression" and failed_once["new_status"] == "failed"
+    failed_once = cmp.compare(base, cmp.Run("y", [*new.records, record(status="failed", threads=3).to_dict()]))
+    assert {r["threads"]: r for r in failed_once.rows}[3]["verdict"] == "regression"
+
+
+def test_spread_of_the_other_configurations_is_the_noise_of_a_single_process():
+    """One process a side, sixteen configurations, each process moved by its own 2%: a configuration that
+    happens to move 6% is rarely flagged, one 20% slower always is."""
+    odd_flagged = 0
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        base = run_of(rng, dict.fromkeys(range(1, 17), 1.0), processes=1, run_sd=0.02)
+        new = run_of(rng, {1: 1.06, 2: 1.2, **dict.fromkeys(range(3, 17), 1.0)}, processes=1, run_sd=0.02)
+        rows = {r["threads"]: r for r in cmp.compare(base, new).rows}
+        assert rows[1]["noise"]["kind"] == "spread" and rows[2]["verdict"] == "regression"
+        odd_flagged += rows[1]["verdict"] == "regression"
+    assert odd_flagged <= 2
+    # Without the other configurations the same 6% looks certain: the report says what its interval lacks.
+    alone = cmp.compare(cmp.Run("a", base.records[:1]), cmp.Run("b", new.records[:1])).rows[0]
+    assert alone["verdict"] == "regression" and "passes only" in alone["why"]
+
+
+def test_pooled_process_spread_recovers_the_noise():
+    rng = np.random.default_rng(41)
+    sides = [[rng.lognormal(np.log(10) + rng.normal(0, 0.02), 0.01, 200) for _ in range(3)] for _ in range(40)]
+    sd, dof = stats.process_spread(sides)
+    assert dof == 80 and sd == pytest.approx(0.02, rel=0.25)
+    spread, spread_dof = stats.change_spread(rng.normal(0, 0.03, 200).tolist() + [0.5] * 10)
+    assert spread == pytest.approx(0.03, rel=0.2) and spread_dof > 50
+    assert stats.process_spread([[np.ones(10)]])[1] == 0
 
 
 def test_too_few_passes_are_never_significant():
@@ -142,7 +191,8 @@ def test_run_to_run_noise_from_history_widens_the_interval():
     assert verdict_of(base, new)["verdict"] == "regression"
     key = cmp.config_key(base.to_dict(), machine_fingerprint(ENV))
     noisy_history = verdict_of(base, new, run_noise={key: 0.06})
-    assert noisy_history["verdict"] == "suspicious" and noisy_history["run_noise"] == 0.06
+    assert noisy_history["verdict"] == "suspicious" and noisy_history["noise"]["kind"] == "history"
+    assert noisy_history["noise"]["se"] == pytest.approx(0.06 * np.sqrt(2))
 
 
 def test_multi_instance_aggregates_are_judged_on_throughput():
