@@ -4,7 +4,8 @@
 #   bash run_all.sh --full          every model x backend x precision x thread count (sweeps/full.toml)
 #   bash run_all.sh --config FILE   any sweep file (see sweeps/)
 #   bash run_all.sh --output DIR    where to write (default results/run_all-<profile>-<date>; reruns resume)
-#   bash run_all.sh --nightly       a new run (results/nightly-<date-time>), stored in the history
+#   bash run_all.sh --nightly       the nightly sweep (sweeps/nightly.toml: the quick zoo, each point in three
+#                                   processes) as a new run (results/nightly-<date-time>), stored in the history
 #                                   (results/history.sqlite, or AIO_HISTORY), compared with the latest earlier
 #                                   run on this machine (or --baseline REF), regression report written;
 #                                   exit 1 on a regression. --threshold 5% sets the smallest change that matters.
@@ -29,7 +30,7 @@ while [ $# -gt 0 ]; do
         --baseline|--threshold) [ $# -ge 2 ] || { echo "run_all.sh: $1 needs a value" >&2; exit 2; } ;;&
         --baseline) baseline=$2; shift ;;
         --threshold) threshold=$2; shift ;;
-        -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
         *) echo "run_all.sh: unknown option '$1'; accepted: --quick, --full, --config FILE, --output DIR, --nightly," \
                 "--baseline REF, --threshold PCT" >&2; exit 2 ;;
     esac
@@ -42,6 +43,7 @@ if [ ${#nightly_args[@]} -gt 0 ] && [ $nightly = 0 ]; then
     echo "run_all.sh: --baseline and --threshold need --nightly" >&2; exit 2
 fi
 if [ $nightly = 1 ]; then
+    [ -z "$config" ] && [ "$profile" = quick ] && profile=nightly
     out=${out:-results/nightly-$(date +%Y%m%d-%H%M%S)}
     # Check the threshold before the measuring, not after it.
     "$PY" - "${threshold:-5%}" <<'PYCHECK' || exit 2

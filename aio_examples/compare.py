@@ -25,6 +25,7 @@ pooled passes of their instances for the interval.
 import html
 import json
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -96,8 +97,8 @@ class Run:
 
         Each entry: `record` (the one shown: the first that did not run ok, else the last), `groups` (the
         passes of each ok record; a multi-instance aggregate's are its instances' passes, pooled),
-        `median_ms` and `throughput` (medians over the ok records) and `confident` (every ok record met
-        its confidence target).
+        `median_ms` and `throughput` (medians over the ok records) and `confident` (most of its ok records,
+        all of one, met their confidence target).
         """
         machines = [machine_fingerprint(r.get("env")) for r in self.records]
         usual = self.machine
@@ -128,7 +129,8 @@ class Run:
                 "record": bad[0] if bad else records[-1], "groups": groups, "repeats": len(records),
                 "median_ms": float(np.median(medians)) if ok and all(medians) else None,
                 "throughput": float(np.median(rates)) if ok and all(rates) else None,
-                "confident": bool(ok) and all(r.get("confidence_met") for r in ok)}
+                # With several processes the median over them is what is judged: most must be confident.
+                "confident": bool(ok) and 2 * sum(bool(r.get("confidence_met")) for r in ok) > len(ok)}
         return configs
 
 
@@ -391,12 +393,25 @@ def summary_line(c: Comparison) -> str:
             + (f"; ignoring {', '.join(c.ignore)}" if c.ignore else ""))
 
 
+def noise_line(c: Comparison) -> str:
+    """Where the between-run term of the intervals came from, over the configurations judged on timings."""
+    kinds = Counter((r["noise"] or {}).get("kind") for r in c.rows if r["latency_change"] or r["throughput_change"])
+    if not kinds:
+        return ""
+    said = {"repeats": "repeated processes", "history": "the history's run-to-run spread",
+            "spread": "the spread of all configurations' changes"}
+    parts = [f"{said[k]} for {n}" for k, n in kinds.items() if k]
+    if kinds.get(None):
+        parts.append(f"nothing for {kinds[None]} (their intervals cover the passes only)")
+    return "Between-run noise in the intervals: " + "; ".join(parts) + "."
+
+
 def to_markdown(c: Comparison) -> str:
     import pandas as pd
 
     lines = [f"## Performance comparison: `{c.new.label}` vs baseline `{c.baseline.label}`", ""]
     lines += [f"> **{note}**" for note in c.notes] + ([""] if c.notes else [])
-    lines += [f"**{summary_line(c)}**", ""]
+    lines += [f"**{summary_line(c)}**", ""] + ([noise_line(c), ""] if noise_line(c) else [])
     for verdict, title in (("regression", "Regressions"), ("suspicious", "Suspicious"),
                            ("improvement", "Improvements"), ("unchanged", "Unchanged")):
         rows = [r for r in c.rows if r["verdict"] == verdict]
@@ -426,7 +441,7 @@ def to_html(c: Comparison) -> str:
              (f"<h1>Performance comparison</h1><p>New <code>{esc(c.new.label)}</code> against baseline "
              f"<code>{esc(c.baseline.label)}</code>; generated {datetime.now(UTC).isoformat(timespec='seconds')}.</p>")]
     parts += [f"<p class='bad'><b>{esc(note)}</b></p>" for note in c.notes]
-    parts.append(f"<p><b>{esc(summary_line(c))}</b></p>")
+    parts.append(f"<p><b>{esc(summary_line(c))}</b></p><p>{esc(noise_line(c))}</p>")
     for verdict in VERDICTS:
         rows = [r for r in c.rows if r["verdict"] == verdict]
         if rows:

@@ -1,16 +1,18 @@
 """How often the nightly comparison cries wolf, and how often it catches a real slowdown, on this machine.
 
-    python benchmarks/regression_detector.py                     # runs the quick zoo sweep twice, then judges
+    python benchmarks/regression_detector.py                     # runs the nightly sweep twice, then judges
     python benchmarks/regression_detector.py --runs A B          # two existing runs of the same sweep
 
-The runs are of the quick zoo sweep (sweeps/quick.toml), or any sweep given twice; with sweep repeats a
-configuration has several processes per run.
-1. Noise model from the two real runs: each configuration's passes (as measured, in order) and how much a
-   process's median moves around its configuration's (robust sd over all configurations).
-2. Synthetic pairs built from that noise: every process of either side is block-resampled from a real
-   process's passes of that configuration (blocks keep the drift within a process) and moved by its own
-   process-level shift, and the new side is slowed down by 0%, 3%, 5%, 10% or 20%. Every pair is judged
-   by aio_examples.compare like a real one.
+The runs are of the nightly sweep (sweeps/nightly.toml: the quick zoo, each point in three processes), or
+of any sweep given twice.
+1. Noise model from the two real runs, per configuration: its processes' passes (as measured, in order);
+   per backend: how far a process's median settles from its configuration's (every observed deviation).
+2. Synthetic pairs of whole runs built from that noise: every process of every configuration is a real
+   process's passes of that configuration, block-resampled (blocks keep the drift within a process), moved
+   by a deviation drawn from its backend's observed ones (their heavy tail included), and the new run is
+   slowed down by 0%, 3%, 5%, 10% or 20%. Each pair is judged by aio_examples.compare like a real one, whole
+   runs at a time (so the between-run noise is estimated as in a real comparison); --pairs configurations
+   are counted per row.
 3. The real runs: the second against the first (nothing changed: no regression may be flagged), and the
    1-thread points against the 2-thread points of the same run (a real slowdown: must be flagged).
 
@@ -38,30 +40,29 @@ BLOCK = 10
 CONFIDENCE_TARGET = 0.01        # the runner's default: CI of the median within +-1%
 
 
-def sweep(out: Path):
-    subprocess.run([sys.executable, "-m", "aio_examples", "sweep", "--config", str(ROOT / "sweeps" / "quick.toml"),
-                    "--output", str(out), "--quiet"], cwd=ROOT, check=True)
+def sweep(out: Path, config: Path):
+    subprocess.run([sys.executable, "-m", "aio_examples", "sweep", "--config", str(config), "--output", str(out),
+                    "--quiet"], cwd=ROOT, check=True)
 
 
 def noise_model(a: cmp.Run, b: cmp.Run):
-    """Per configuration: its processes' passes (relative to their median), its typical median and how many
-    processes a side has; the spread of a process's median around its configuration's (sd, robust); and
-    the run-to-run changes of the configurations' medians."""
+    """configurations: (key, normalised pass sequences, typical median, processes a run);
+    deviations: backend -> every process's log median minus its configuration's mean (both runs), scaled
+    so their spread is one process's; the run-to-run changes of the configurations' medians."""
     ca, cb = a.configurations(), b.configurations()
-    configs, deviations, shifts = [], [], []
-    for key in ca.keys() & cb.keys():
+    backend = cmp.KEY_FIELDS.index("backend")
+    configs, deviations, shifts = [], {}, []
+    for key in sorted(ca.keys() & cb.keys(), key=str):
         ea, eb = ca[key], cb[key]
         groups = ea["groups"] + eb["groups"]
         if ea["record"]["status"] != "ok" or eb["record"]["status"] != "ok" or min(g.size for g in groups) < 20:
             continue
         logs = np.log([np.median(g) for g in groups])
-        deviations.extend(logs - logs.mean())
+        # Deviations from the mean of n values have variance sd^2 (n-1)/n.
+        deviations.setdefault(key[backend], []).extend((logs - logs.mean()) * np.sqrt(len(logs) / (len(logs) - 1)))
         shifts.append(np.log(eb["median_ms"] / ea["median_ms"]))
         configs.append((key, [g / np.median(g) for g in groups], float(np.exp(logs.mean())), len(ea["groups"])))
-    k = len(configs[0][1]) if configs else 2
-    # Deviations from the mean of k values have variance sd^2 (k-1)/k; MAD keeps an odd process from ruling.
-    process_sd = 1.4826 * np.median(np.abs(deviations)) * np.sqrt(k / max(k - 1, 1))
-    return configs, float(process_sd), np.array(shifts)
+    return configs, {k: np.array(v) for k, v in deviations.items()}, np.array(shifts)
 
 
 def block_resample(rng, seq: np.ndarray) -> np.ndarray:
@@ -79,26 +80,29 @@ def synthetic_record(key, samples) -> dict:
             "confidence_met": bool(s.ci_rel_halfwidth <= CONFIDENCE_TARGET)}
 
 
-def synthetic_side(rng, key, sequences, median, processes, process_sd, factor=1.0) -> list[dict]:
-    """One run of a configuration: `processes` records, each a real pass sequence (block-resampled) moved by
-    its own process-level shift."""
-    return [synthetic_record(key, median * factor * np.exp(rng.normal(0, process_sd))
-                             * block_resample(rng, sequences[rng.integers(len(sequences))]))
-            for _ in range(processes)]
+def synthetic_run(rng, configs, deviations, factor=1.0) -> cmp.Run:
+    """One run of every configuration: each process a real pass sequence (block-resampled) moved by a
+    process-level deviation of its backend."""
+    backend = cmp.KEY_FIELDS.index("backend")
+    records = []
+    for key, sequences, median, processes in configs:
+        for _ in range(processes):
+            shift = np.exp(rng.choice(deviations[key[backend]]))
+            seq = sequences[rng.integers(len(sequences))]
+            records.append(synthetic_record(key, median * factor * shift * block_resample(rng, seq)))
+    return cmp.Run("synthetic", records)
 
 
-def synthetic(configs, process_sd, pairs, threshold, seed=20261121):
+def synthetic(configs, deviations, pairs, threshold, seed=20261121):
     rng = np.random.default_rng(seed)
     outcome = {}
     for slowdown in SLOWDOWNS:
-        verdicts = Counter()
-        for _ in range(pairs):
-            key, sequences, median, processes = configs[rng.integers(len(configs))]
-            base = synthetic_side(rng, key, sequences, median, processes, process_sd)
-            new = synthetic_side(rng, key, sequences, median, processes, process_sd, 1 + slowdown)
-            c = cmp.compare(cmp.Run("base", base), cmp.Run("new", new), threshold)
-            verdicts[c.rows[0]["verdict"]] += 1
-        outcome[slowdown] = dict(verdicts)
+        verdicts = []
+        while len(verdicts) < pairs:
+            base = synthetic_run(rng, configs, deviations)
+            new = synthetic_run(rng, configs, deviations, 1 + slowdown)
+            verdicts += [row["verdict"] for row in cmp.compare(base, new, threshold).rows]
+        outcome[slowdown] = dict(Counter(verdicts[:pairs]))
     return outcome
 
 
@@ -109,7 +113,8 @@ def split_threads(run: cmp.Run, threads: int) -> cmp.Run:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", nargs=2, metavar=("FIRST", "SECOND"), help="two runs of the same sweep (default: run "
-                   "the quick zoo sweep twice into --output)")
+                   "--config twice into --output)")
+    p.add_argument("--config", default=str(ROOT / "sweeps" / "nightly.toml"), help="the sweep to run twice")
     p.add_argument("--output", default="results/regression-detector", help="where to write runs and the verdict")
     p.add_argument("--pairs", type=int, default=200)
     p.add_argument("--threshold", default="5%")
@@ -122,15 +127,18 @@ def main() -> int:
     else:
         first, second = out / "run1", out / "run2"
         for run in (first, second):
-            sweep(run)
+            sweep(run, Path(args.config))
     a, b = cmp.load_run(first), cmp.load_run(second)
 
-    configs, process_sd, shifts = noise_model(a, b)
-    print(f"noise model: {len(configs)} configurations with >= 20 passes in every process, "
-          f"{configs[0][3]} process(es) per configuration and run; a process's median moves by {100 * process_sd:.2f}% "
-          f"(robust sd) around its configuration's; run-to-run change of a configuration: median "
-          f"{100 * np.median(shifts):+.2f}%, largest {100 * np.max(np.abs(shifts)):.2f}%")
-    outcome = synthetic(configs, process_sd, args.pairs, threshold)
+    configs, deviations, shifts = noise_model(a, b)
+    spread = {name: 1.4826 * float(np.median(np.abs(d))) for name, d in sorted(deviations.items())}
+    print(f"noise model: {len(configs)} configurations with >= 20 passes in every process, {configs[0][3]} "
+          f"process(es) per configuration and run; how far a process's median settles from its configuration's "
+          f"(robust sd; largest): " + ", ".join(f"{name} {100 * sd:.2f}% ({100 * np.abs(deviations[name]).max():.1f}%)"
+                                                for name, sd in spread.items())
+          + f"; run-to-run change of a configuration: median {100 * np.median(shifts):+.2f}%, largest "
+          f"{100 * np.max(np.abs(shifts)):.2f}%")
+    outcome = synthetic(configs, deviations, args.pairs, threshold)
     print(f"\nsynthetic pairs ({args.pairs} per row, threshold {100 * threshold:g}%):\n")
     print("| injected slowdown | regression | suspicious | unchanged | improvement |")
     print("|---|---|---|---|---|")
@@ -159,7 +167,7 @@ def main() -> int:
     for what, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'}: {what}")
     (out / "detector.json").write_text(json.dumps({
-        "runs": [str(first), str(second)], "threshold": threshold, "process_sd": process_sd, "pairs": args.pairs,
+        "runs": [str(first), str(second)], "threshold": threshold, "process_sd": spread, "pairs": args.pairs,
         "synthetic": {str(k): v for k, v in outcome.items()}, "repeat": repeat.counts, "threads": fewer.counts,
         "checks": checks}, indent=1))
     (out / "repeat.md").write_text(cmp.to_markdown(repeat))
