@@ -96,6 +96,13 @@ def test_implicit_fp16_converts_linears_only(layer, monkeypatch):
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, expected, rtol=0.05, atol=0.05)
     assert not torch.equal(out, expected)       # it did run in reduced precision
+    # Pinned by name, whatever this CPU prefers (what `-p fp16` asks for).
+    for pinned, dtype in (("FP16", "float16"), ("bf16", "bfloat16")):
+        torch._dynamo.reset()
+        _compile_and_run(module, x, merge_linear=False, implicit_fp16_dtype=pinned)
+        assert aio_compile.last_report("t")["implicit_fp16"]["dtype"] == dtype
+    with pytest.raises(UsageError, match="implicit_fp16_dtype.*'fp8'.*accepted: AUTO, FP16, BF16"):
+        aio_compile.resolve_options({"implicit_fp16_dtype": "fp8"})
 
 
 def test_int8_quantizes_linears_and_embedding_bags(monkeypatch):

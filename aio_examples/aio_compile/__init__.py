@@ -8,7 +8,8 @@ open components: FX passes steered by Ampere's environment variables, then induc
   `AIO_QUANTIZE_INT8_CONVERT_OUT_DTYPE` (FP32, FP16, BF16): int8 weights, activations quantized on the fly.
 
 `options` keys `merge_linear`, `implicit_fp16_filter`, `quantize_int8_filter`, `int8_out_dtype` override
-the variables; `threads` sets inductor's thread count. `last_report(modelname)` says what the passes did.
+the variables; `implicit_fp16_dtype` (AUTO, FP16, BF16) pins the implicit transform's precision (`-p fp16`
+pins FP16); `threads` sets inductor's thread count. `last_report(modelname)` says what the passes did.
 
 Importing this package does not import torch (`import aio_examples` calls `install()`).
 """

@@ -43,7 +43,8 @@ def aio_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None =
         report["quantize_int8"] = {**passes.quantize_int8(lifted, opts.int8_kinds, _OUT_DTYPES[opts.int8_out_dtype],
                                                           act_max), "out_dtype": opts.int8_out_dtype, "why": why}
     if opts.fp16_kinds:
-        dtype, why = reduced_dtype()
+        dtype, why = reduced_dtype() if opts.fp16_dtype == "AUTO" else \
+            (_OUT_DTYPES[opts.fp16_dtype], f"{opts.fp16_dtype} asked for by name")
         report["implicit_fp16"] = {**passes.reduce_precision(lifted, opts.fp16_kinds, dtype), "why": why}
     lifted.graph.lint()
     lifted.recompile()

@@ -26,9 +26,12 @@ KIND_NAMES = {
 FP16_KINDS = ("Linear", "Conv2d", "MatMul")
 INT8_KINDS = ("Linear", "MatMul", "EmbeddingBag")
 INT8_OUT_DTYPES = ("FP32", "FP16", "BF16")
+# The implicit transform's reduced precision: AUTO is bf16 where the CPU has bf16 instructions, else fp16;
+# `-p fp16` asks for FP16 by name (a run labelled fp16 must compute in fp16).
+FP16_DTYPES = ("AUTO", "FP16", "BF16")
 
-OPTION_KEYS = ("modelname", "threads", "merge_linear", "implicit_fp16_filter", "quantize_int8_filter",
-               "int8_out_dtype")
+OPTION_KEYS = ("modelname", "threads", "merge_linear", "implicit_fp16_filter", "implicit_fp16_dtype",
+               "quantize_int8_filter", "int8_out_dtype")
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class AioOptions:
     merge_linear: bool = True
     fp16_filter: str | None = None
     fp16_kinds: frozenset = frozenset()
+    fp16_dtype: str = "AUTO"
     int8_filter: str | None = None
     int8_kinds: frozenset = frozenset()
     int8_out_dtype: str = "FP32"
@@ -46,6 +50,7 @@ class AioOptions:
         """What the report records: the settings as given and the op kinds they selected."""
         return {"merge_linear": self.merge_linear,
                 "implicit_fp16_filter": self.fp16_filter, "implicit_fp16_kinds": sorted(self.fp16_kinds),
+                "implicit_fp16_dtype": self.fp16_dtype,
                 "quantize_int8_filter": self.int8_filter, "quantize_int8_kinds": sorted(self.int8_kinds),
                 "int8_out_dtype": self.int8_out_dtype}
 
@@ -80,10 +85,10 @@ def _flag(label: str, raw) -> bool:
     raise UsageError(f"{label}={raw!r} is invalid; accepted: 1 (merge, the default) or 0 (off)")
 
 
-def _out_dtype(label: str, raw) -> str:
+def _dtype(label: str, raw, accepted: tuple[str, ...]) -> str:
     text = str(raw).strip().upper()
-    if text not in INT8_OUT_DTYPES:
-        raise UsageError(f"{label}={raw!r} is invalid; accepted: {', '.join(INT8_OUT_DTYPES)}")
+    if text not in accepted:
+        raise UsageError(f"{label}={raw!r} is invalid; accepted: {', '.join(accepted)}")
     return text
 
 
@@ -112,8 +117,9 @@ def resolve_options(options: dict | None = None, environ=None) -> AioOptions:
     merge = _flag(*pick("merge_linear", ENV_MERGE_LINEAR, "1"))
     fp16_filter, fp16_kinds = select_kinds(*pick("implicit_fp16_filter", ENV_FP16_FILTER), FP16_KINDS)
     int8_filter, int8_kinds = select_kinds(*pick("quantize_int8_filter", ENV_INT8_FILTER), INT8_KINDS)
-    out_dtype = _out_dtype(*pick("int8_out_dtype", ENV_INT8_OUT, "FP32"))
+    out_dtype = _dtype(*pick("int8_out_dtype", ENV_INT8_OUT, "FP32"), INT8_OUT_DTYPES)
+    fp16_dtype = _dtype("options['implicit_fp16_dtype']", options.get("implicit_fp16_dtype", "AUTO"), FP16_DTYPES)
     threads = _threads(options["threads"]) if options.get("threads") is not None else None
     return AioOptions(modelname=str(options.get("modelname", "model")), threads=threads, merge_linear=merge,
-                      fp16_filter=fp16_filter, fp16_kinds=fp16_kinds, int8_filter=int8_filter,
+                      fp16_filter=fp16_filter, fp16_kinds=fp16_kinds, fp16_dtype=fp16_dtype, int8_filter=int8_filter,
                       int8_kinds=int8_kinds, int8_out_dtype=out_dtype)

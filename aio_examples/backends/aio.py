@@ -153,6 +153,7 @@ def _compiled(model, example_inputs, precision, threads, ctx) -> Prepared:
         model, inputs, mode = prec.cast(model, example_inputs, "bf16")
     elif precision == "fp16":
         options["implicit_fp16_filter"] = os.environ.get("AIO_IMPLICIT_FP16_TRANSFORM_FILTER") or ".*"
+        options["implicit_fp16_dtype"] = "FP16"       # the label says fp16: not the CPU's preferred bf16
     elif precision == "int8":
         if is_conv_net(model, example_inputs):
             # The implicit int8 kinds (FullyConnected, Matmul, EmbeddingBag) would leave the convolutions in
