@@ -202,7 +202,10 @@ def pt2e_int8(model, example_inputs: tuple, calibration: list[tuple] | None = No
     graph, capture = _export(model, example_inputs)
     reduce_range = not _has_vnni()
     config = xiq.get_default_x86_inductor_quantization_config(is_dynamic=dynamic, reduce_range=reduce_range)
-    quantizer = xiq.X86InductorQuantizer().set_global(config)
+    # Dynamic int8 is for the linears; left global, the quantizer also annotates other ops, some of them on
+    # integer tensors (roberta's position ids), which dynamic quantization cannot take.
+    quantizer = xiq.X86InductorQuantizer()
+    quantizer = quantizer.set_module_type_qconfig(torch.nn.Linear, config) if dynamic else quantizer.set_global(config)
     try:
         prepared = prepare_pt2e(graph, quantizer)
     except ValueError as exc:   # the quantizer's pattern matching rejects some graphs

@@ -89,7 +89,9 @@ def make_session(path: Path, threads: int, profile: bool = False):
     try:
         return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     except Exception as exc:    # ORT has its own types (InvalidGraph, NotImplemented...) for graphs it cannot take
-        text = re.sub(r"\[ONNXRuntimeError\] : \d+ : \w+ : |Load model from \S+ failed:", "", short_error(exc))
+        # Node names differ from model to model (and would push the rest past short_error's limit): drop them.
+        text = re.sub(r"\[ONNXRuntimeError\] : \d+ : \w+ : |Load model from \S+ failed:| in node \([^)]*\)| with name '[^']*'",
+                      "", short_error(exc, limit=1000))[:300]
         raise UnsupportedError(f"ONNX Runtime cannot load the graph: {text}") from exc
 
 

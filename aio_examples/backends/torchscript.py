@@ -33,7 +33,14 @@ class TorchScriptBackend(Backend):
                 gap = prec.kernel_gap(exc)
                 if gap:
                     raise UnsupportedError(f"{precision} on torchscript: {gap}") from None
-                raise
+                if not optimize:
+                    raise
+                # optimize_for_inference's oneDNN rewrites refuse some shapes (e.g. adaptive pooling up to a
+                # larger size, vgg_16 below 224x224): the frozen graph without them still runs.
+                optimized, optimize = torch.jit.freeze(scripted.eval()), False
+                optimized(*inputs)
+                # TorchScript puts the cause on the last line of its error, under its own traceback.
+                info["optimize_for_inference_refused"] = str(exc).strip().splitlines()[-1][:300]
         if precision == "int8":
             info["int8_kernels"] = quantize.torchscript_int8_kernels(optimized)
         return Prepared(optimized, inputs, mode, {**info, "jit": how, "frozen": True, "optimize_for_inference": optimize})
