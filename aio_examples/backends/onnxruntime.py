@@ -59,7 +59,14 @@ class OnnxRuntimeBackend(Backend):
         graph_inputs = {i.name for i in sess.get_inputs()}     # an exporter may drop inputs the graph never reads
         feed = {n: _to_numpy(t) for n, t in zip(input_names(inputs), inputs) if n in graph_inputs}
         names, arrays = tuple(feed), tuple(feed.values())
-        kernels = _profiled_kernels(sess, feed)
+        try:
+            kernels = _profiled_kernels(sess, feed)
+        except Exception as exc:  # ORT's own error types: a node it cannot execute on this graph and input
+            # e.g. int8 retinanet: no box passes the score threshold, and Reshape(-1) of an empty tensor fails.
+            text = str(exc).strip().splitlines()[0]
+            failed = re.search(r"running (\w+) node.* was false\. (.*)", text)    # the op and ORT's own words
+            text = f"{failed[1]}: {failed[2]}" if failed else re.sub(r"\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
+            raise UnsupportedError(f"ONNX Runtime cannot run the graph on this input: {text[:300]}") from exc
         info["kernels_by_input_type"] = dict(Counter(types[0] for _, types in kernels))
         info["session"] = session_info(sess)
         if precision != "fp32":
