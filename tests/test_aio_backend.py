@@ -73,3 +73,21 @@ def test_invalid_aio_variables_are_one_line_errors_before_any_work(tmp_path):
         r = run_cli(["-m", "aio_examples", "run", "squeezenet", "--output", str(tmp_path)], env={var: value})
         assert r.returncode == 2, (var, r.stderr)
         assert var in r.stderr and "accepted" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_the_compiled_strategy_keeps_the_modules_other_methods():
+    """A generation step's pass calls `step.new_cache(...)` on what the backend prepared, as on any
+    torch.compile result."""
+    from aio_examples.backends import PrepareContext
+
+    class Step(Mlp):
+        def new_cache(self, n):
+            return torch.zeros(n)
+
+    ctx = PrepareContext(model_name="step", task="custom", family="nlp", shape={}, batch_size=4, weights_id="-")
+    inputs = (torch.randn(4, 32),)
+    prepared = aio._compiled(Step().eval(), inputs, "fp32", 1, ctx)
+    with torch.no_grad():
+        assert prepared.fn(*prepared.inputs).shape == (4, 32)
+    assert prepared.fn.new_cache(3).shape == (3,)
+    assert prepared.info["passes"]["merge_linear"]["linears_merged"] == 3    # checked after the first call

@@ -172,9 +172,9 @@ def _compiled(model, example_inputs, precision, threads, ctx) -> Prepared:
     compiled = torch.compile(model, backend="aio", options=options)
     info = {"provider": provider, "options": options, "passes": {}}
 
-    def first_call(*args):
-        """Compile, then say what the passes did, and refuse a label the graph does not honour."""
-        out = compiled(*args)
+    def check():
+        """After the first call (the compile): say what the passes did, and refuse a label the graph does not
+        honour."""
         report = aio_compile.last_report(ctx.model_name) or {}
         info["passes"] = report
         if precision == "fp16":
@@ -184,12 +184,30 @@ def _compiled(model, example_inputs, precision, threads, ctx) -> Prepared:
         int8 = report.get("quantize_int8") or {}
         if precision == "int8" and not (int8.get("quantized") or int8.get("onednn_int8_linears")):
             raise UnsupportedError("no op of this model was quantized by the implicit int8 pass")
-        prepared.fn = compiled
+
+    return Prepared(_CheckedOnFirstCall(compiled, check), inputs,
+                    f"implicit-{precision}" if precision in ("fp16", "int8") else mode, info,
+                    compiles_on_first_call=True)
+
+
+class _CheckedOnFirstCall:
+    """The compiled module, checked once its first call has compiled it. Other attributes are the module's
+    (a generation step's `new_cache`), as with any torch.compile result."""
+
+    def __init__(self, compiled, check):
+        self.compiled, self.check = compiled, check
+
+    def __call__(self, *args):
+        out = self.compiled(*args)
+        if self.check is not None:
+            check, self.check = self.check, None
+            check()
         return out
 
-    prepared = Prepared(first_call, inputs, f"implicit-{precision}" if precision in ("fp16", "int8") else mode,
-                        info, compiles_on_first_call=True)
-    return prepared
+    def __getattr__(self, name):
+        if name in ("compiled", "check"):      # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
+        return getattr(self.compiled, name)
 
 
 def _decision_file(model_name: str, key: dict):
