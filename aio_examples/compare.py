@@ -13,8 +13,8 @@ The interval has two terms, added on the log scale. The passes of each process g
 (a bootstrap). A whole process also settles a percent or more away from the next one (memory layout,
 placement, the neighbours of a shared machine), which no number of passes in one process shows; that
 between-run term comes from, in order: the history's run-to-run spread of the configuration, the spread of
-a run's repeated processes (pooled over its configurations, per backend), or how far the changes of all
-matched configurations scatter (robustly, per backend). Without any of these the interval is the
+a run's repeated processes (robust, pooled over its configurations per backend; such a configuration is
+judged on its best process), or how far the changes of all matched configurations scatter (robustly). Without any of these the interval is the
 within-run term only, and the report says so.
 
 A status change from ok to anything else is a regression (it no longer runs, or its answer is wrong), the
@@ -97,7 +97,7 @@ class Run:
 
         Each entry: `record` (the one shown: the first that did not run ok, else the last), `groups` (the
         passes of each ok record; a multi-instance aggregate's are its instances' passes, pooled),
-        `median_ms` and `throughput` (medians over the ok records) and `confident` (most of its ok records,
+        `median_ms` and `throughput` (the best of the ok records, see stats.relative_change) and `confident` (most of its ok records,
         all of one, met their confidence target).
         """
         machines = [machine_fingerprint(r.get("env")) for r in self.records]
@@ -127,9 +127,9 @@ class Run:
             rates = [(r.get("throughput") or {}).get("value") for r in ok]
             configs[key] = {
                 "record": bad[0] if bad else records[-1], "groups": groups, "repeats": len(records),
-                "median_ms": float(np.median(medians)) if ok and all(medians) else None,
-                "throughput": float(np.median(rates)) if ok and all(rates) else None,
-                # With several processes the median over them is what is judged: most must be confident.
+                "median_ms": float(np.min(medians)) if ok and all(medians) else None,
+                "throughput": float(np.max(rates)) if ok and all(rates) else None,
+                # With several processes the best of them is what is judged: most must be confident.
                 "confident": bool(ok) and 2 * sum(bool(r.get("confidence_met")) for r in ok) > len(ok)}
         return configs
 
@@ -248,7 +248,7 @@ def between_run_noise(a: dict, b: dict, keys: list, run_noise: dict) -> dict:
         if run_noise.get(key):
             out[key] = Noise(float(np.sqrt(2) * run_noise[key]), None, "history", "the history's run-to-run spread")
         elif dof >= MIN_NOISE_DOF and ka and kb:
-            out[key] = Noise(float(sd * np.sqrt(stats.median_variance(ka) + stats.median_variance(kb))), dof, "repeats",
+            out[key] = Noise(float(sd * np.sqrt(stats.best_of_variance(ka) + stats.best_of_variance(kb))), dof, "repeats",
                              f"repeated processes (sd {100 * sd:.2f}% a process, {dof} df)")
         elif key[backend] in spread:
             (sd, dof), n = spread[key[backend]]

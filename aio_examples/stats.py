@@ -77,8 +77,9 @@ def relative_change(baseline, new, statistic=np.median, confidence: float = 0.95
     """Change of `statistic` (median or mean) from `baseline` to `new` samples, with a percentile bootstrap CI.
 
     A side is an array of passes, or a list of arrays: the same configuration measured in several processes.
-    Then the statistic is the median over processes of each one's statistic (with two, their mean): one
-    process that settled far off moves it least. The bootstrap resamples passes
+    Then the statistic is the best (lowest) of the processes' statistics: on a shared machine a process
+    settles slower, not faster, when its neighbours get in its way, so the fastest process is the one they
+    disturbed least, and only a side whose every process was disturbed moves it. The bootstrap resamples passes
     (within each process): the interval covers the noise of the passes only. How much a whole process or run
     moves on its own is a separate, larger term that a handful of processes cannot bootstrap; `widen` adds it.
     Both sides are resampled independently (different runs), the ratio is taken on a log scale so slower
@@ -87,7 +88,7 @@ def relative_change(baseline, new, statistic=np.median, confidence: float = 0.95
     ga, gb = _groups(baseline), _groups(new)
 
     def point(groups):
-        return float(np.median([statistic(g) for g in groups]))
+        return float(np.min([statistic(g) for g in groups]))
 
     rel = point(gb) / point(ga) - 1.0
     if sum(g.size for g in ga) < MIN_SAMPLES or sum(g.size for g in gb) < MIN_SAMPLES:
@@ -102,7 +103,7 @@ def relative_change(baseline, new, statistic=np.median, confidence: float = 0.95
         low, high = ci.low, ci.high
     else:
         def resampled(groups):        # n_resamples values of the side's statistic, passes resampled per process
-            return np.median([statistic(rng.choice(g, size=(n_resamples, g.size)), axis=1) for g in groups], axis=0)
+            return np.min([statistic(rng.choice(g, size=(n_resamples, g.size)), axis=1) for g in groups], axis=0)
 
         ratios = np.log(resampled(gb) / resampled(ga))
         low, high = np.percentile(ratios, [50 * (1 - confidence), 50 * (1 + confidence)])
@@ -131,32 +132,38 @@ def widen(change: Change, se_log: float, dof: float | None = None) -> Change:
     return Change(change.rel, float(np.expm1(center - q * se)), float(np.expm1(center + q * se)), change.confidence)
 
 
-def process_spread(sides) -> tuple[float, int]:
-    """Pooled standard deviation of a process's log median around its configuration's, with its degrees of freedom.
+MAD_EFFICIENCY = 0.37    # a median-based spread from n values is worth about 0.37 n of them (at the normal)
 
-    `sides`: lists of processes' passes, each the same configuration measured in several processes of one run.
-    Pooling over configurations gives a usable estimate from two or three processes each; (nan, 0) without
-    any repeats.
+
+def process_spread(sides) -> tuple[float, float]:
+    """How far one process's log median settles from another's, as a standard deviation, pooled over
+    configurations, with its degrees of freedom.
+
+    `sides`: lists of processes' passes, each the same configuration measured in several processes of one
+    run. Robust: the median of the absolute differences between processes of a side (a disturbed process
+    inflates a plain standard deviation, not this); the bulk of the processes is what the best of them varies
+    with. (nan, 0) without any repeats.
     """
-    squares, dof = 0.0, 0
+    gaps, contrasts = [], 0
     for groups in sides:
         if len(groups) >= 2:
             logs = np.log([np.median(g) for g in groups])
-            squares += float(((logs - logs.mean()) ** 2).sum())
-            dof += len(logs) - 1
-    return (float(np.sqrt(squares / dof)), dof) if dof else (float("nan"), 0)
+            gaps += [abs(x - y) for i, x in enumerate(logs) for y in logs[i + 1:]]
+            contrasts += len(logs) - 1
+    if not contrasts:
+        return float("nan"), 0
+    # |x - y| of two normal values has median 0.6745 * sqrt(2) * sd.
+    return float(np.median(gaps) / (stats.norm.ppf(0.75) * np.sqrt(2))), max(1.0, MAD_EFFICIENCY * contrasts)
 
 
-# Variance of the median of k normal values, in units of one value's variance (exact for small k).
-_MEDIAN_VARIANCE = {1: 1.0, 2: 0.5, 3: 0.449, 4: 0.343, 5: 0.287}
+# Variance of the lowest of k standard normal values (the best of k processes), exact to three places.
+_BEST_OF_VARIANCE = {1: 1.0, 2: 0.682, 3: 0.560, 4: 0.492, 5: 0.448, 6: 0.416, 7: 0.392, 8: 0.373, 9: 0.357,
+                     10: 0.344}
 
 
-def median_variance(k: int) -> float:
-    """How much the median of k processes still moves, relative to one process (pi/2k for large k)."""
-    return _MEDIAN_VARIANCE.get(k, np.pi / (2 * k))
-
-
-MAD_EFFICIENCY = 0.37    # the MAD's efficiency at the normal: n values are worth about 0.37 n for its spread
+def best_of_variance(k: int) -> float:
+    """How much the best of k processes still moves, relative to one process (the k = 10 value beyond)."""
+    return _BEST_OF_VARIANCE.get(k, _BEST_OF_VARIANCE[10])
 
 
 def change_spread(log_changes) -> tuple[float, float]:

@@ -6,7 +6,8 @@
 The runs are of the nightly sweep (sweeps/nightly.toml: the quick zoo, each point in three processes), or
 of any sweep given twice.
 1. Noise model from the two real runs, per configuration: its processes' passes (as measured, in order);
-   per backend: how far a process's median settles from its configuration's (every observed deviation).
+   per backend: how far a process's median settles from its configuration's median process (every observed
+   deviation, the disturbed processes' long slow tail included).
 2. Synthetic pairs of whole runs built from that noise: every process of every configuration is a real
    process's passes of that configuration, block-resampled (blocks keep the drift within a process), moved
    by a deviation drawn from its backend's observed ones (their heavy tail included), and the new run is
@@ -58,10 +59,11 @@ def noise_model(a: cmp.Run, b: cmp.Run):
         if ea["record"]["status"] != "ok" or eb["record"]["status"] != "ok" or min(g.size for g in groups) < 20:
             continue
         logs = np.log([np.median(g) for g in groups])
-        # Deviations from the mean of n values have variance sd^2 (n-1)/n.
-        deviations.setdefault(key[backend], []).extend((logs - logs.mean()) * np.sqrt(len(logs) / (len(logs) - 1)))
+        # From the median of the configuration's processes (both runs): a disturbed process stays an outlier
+        # on its side instead of pulling the centre, and every other process, towards it.
+        deviations.setdefault(key[backend], []).extend(logs - np.median(logs))
         shifts.append(np.log(eb["median_ms"] / ea["median_ms"]))
-        configs.append((key, [g / np.median(g) for g in groups], float(np.exp(logs.mean())), len(ea["groups"])))
+        configs.append((key, [g / np.median(g) for g in groups], float(np.exp(np.median(logs))), len(ea["groups"])))
     return configs, {k: np.array(v) for k, v in deviations.items()}, np.array(shifts)
 
 

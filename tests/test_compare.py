@@ -122,8 +122,8 @@ def run_of(rng, factors: dict, processes=3, run_sd=RUN_SD) -> cmp.Run:
 
 
 def test_repeats_in_their_own_processes_show_how_much_a_process_moves():
-    """Three processes a side over six configurations: one process 12% off is not a regression (the median of
-    the processes hardly moves); every process 10% slower is; the between-run term comes from the repeats."""
+    """Three processes a side over six configurations: one process 12% off is not a regression (the best of
+    the processes does not move); every process 10% slower is; the between-run term comes from the repeats."""
     rng = np.random.default_rng(21)
     base = run_of(rng, dict.fromkeys(range(1, 7), 1.0))
     new = run_of(rng, {1: [1.0, 1.0, 1.12], 2: 1.10, **dict.fromkeys(range(3, 7), 1.0)})
@@ -133,13 +133,11 @@ def test_repeats_in_their_own_processes_show_how_much_a_process_moves():
     assert odd["verdict"] != "regression" and odd["noise"]["kind"] == "repeats"
     assert slower["verdict"] == "regression"
     assert {r["verdict"] for t, r in rows.items() if t > 2} == {"unchanged"}
-    # Pooled over the six configurations, the spread has 24 degrees of freedom; judged alone, its own 4 and
-    # its own odd process make the interval wider.
+    # Pooled over the six configurations the spread is an estimate; one configuration's three processes a side
+    # are too few to tell it, and its interval says it covers the passes only.
     alone = cmp.compare(cmp.Run("a", [r for r in base.records if r["threads"] == 1]),
                         cmp.Run("b", [r for r in new.records if r["threads"] == 1])).rows[0]
-    assert odd["noise"]["dof"] == 24 and alone["noise"]["dof"] == 4
-    assert alone["latency_change"]["high"] - alone["latency_change"]["low"] > \
-        odd["latency_change"]["high"] - odd["latency_change"]["low"]
+    assert odd["noise"]["dof"] == pytest.approx(stats.MAD_EFFICIENCY * 24) and alone["noise"] is None
     failed_once = cmp.compare(base, cmp.Run("y", [*new.records, record(status="failed", threads=3).to_dict()]))
     assert {r["threads"]: r for r in failed_once.rows}[3]["verdict"] == "regression"
 
@@ -165,7 +163,10 @@ def test_pooled_process_spread_recovers_the_noise():
     rng = np.random.default_rng(41)
     sides = [[rng.lognormal(np.log(10) + rng.normal(0, 0.02), 0.01, 200) for _ in range(3)] for _ in range(40)]
     sd, dof = stats.process_spread(sides)
-    assert dof == 80 and sd == pytest.approx(0.02, rel=0.25)
+    assert dof == pytest.approx(stats.MAD_EFFICIENCY * 80) and sd == pytest.approx(0.02, rel=0.25)
+    # A few processes far off (a busy neighbour) hardly move it.
+    disturbed = [[g * (1.3 if i == 0 and j % 5 == 0 else 1.0) for i, g in enumerate(side)] for j, side in enumerate(sides)]
+    assert stats.process_spread(disturbed)[0] == pytest.approx(sd, rel=0.3)
     spread, spread_dof = stats.change_spread(rng.normal(0, 0.03, 200).tolist() + [0.5] * 10)
     assert spread == pytest.approx(0.03, rel=0.2) and spread_dof > 50
     assert stats.process_spread([[np.ones(10)]])[1] == 0
