@@ -13,7 +13,7 @@ The interval has two terms, added on the log scale. The passes of each process g
 (a bootstrap). A whole process also settles a percent or more away from the next one (memory layout,
 placement, the neighbours of a shared machine), which no number of passes in one process shows; that
 between-run term comes from, in order: the history's run-to-run spread of the configuration, the spread of
-a run's repeated processes (robust, pooled over its configurations per backend; such a configuration is
+a run's repeated processes (robust, pooled over configurations of the same backend and thread count; such a configuration is
 judged on its best process), or how far the changes of all matched configurations scatter (robustly). Without any of these the interval is the
 within-run term only, and the report says so.
 
@@ -43,9 +43,9 @@ IGNORABLE = ("threads", "batch_size", "instances", "allocator", "shape", "machin
 REQUIRED = ("model", "backend", "precision", "batch_size", "threads", "status")
 DEFAULT_THRESHOLD = 0.05
 LIBRARIES = ("torch", "torchvision", "transformers", "numpy", "onnxruntime", "openvino")
-MIN_NOISE_DOF = 4        # repeats: pooled processes of a backend, fewer and all backends are pooled
+MIN_NOISE_DOF = 4        # repeats: degrees of freedom a noise group needs, fewer and all are pooled
 MIN_SPREAD_CONFIGS = 6   # matched configurations before their changes' spread is a noise estimate ...
-SPREAD_PER_BACKEND = 12  # ... and per backend from this many (fewer: all backends pooled)
+SPREAD_PER_GROUP = 12    # ... and per noise group from this many (fewer: all pooled)
 
 
 def parse_threshold(text: str) -> float:
@@ -215,43 +215,48 @@ class Noise:
     source: str
 
 
+def noise_group(key: tuple) -> tuple:
+    """Configurations whose processes are disturbed alike: the same backend at the same thread count (a
+    process using every core is stalled by any neighbour; one using fewer has room to spare)."""
+    return key[KEY_FIELDS.index("backend")], key[KEY_FIELDS.index("threads")]
+
+
 def between_run_noise(a: dict, b: dict, keys: list, run_noise: dict) -> dict:
     """key -> Noise for the matched configurations, from the best source each has (see the module's doc)."""
-    backend = KEY_FIELDS.index("backend")
 
-    def per_backend(values: dict, enough) -> dict:
-        """backend -> estimate from that backend's values, or from all of them when a backend has too few."""
+    def per_group(values: dict, enough) -> dict:
+        """noise group -> its values, or all of them when a group has too few."""
         every = [v for vs in values.values() for v in vs]
         return {name: (vs if enough(vs) else every) for name, vs in values.items()}
 
-    # Repeats: processes of one configuration in one run, pooled over configurations of a backend.
+    # Repeats: processes of one configuration in one run, pooled over the configurations of a noise group.
     sides = {}
     for configs in (a, b):
         for key, c in configs.items():
             if len(c["groups"]) >= 2:
-                sides.setdefault(key[backend], []).append(c["groups"])
+                sides.setdefault(noise_group(key), []).append(c["groups"])
     pooled = {name: stats.process_spread(groups)
-              for name, groups in per_backend(sides, lambda g: stats.process_spread(g)[1] >= MIN_NOISE_DOF).items()}
-    # Otherwise: how far the matched configurations' changes scatter, robustly, per backend.
+              for name, groups in per_group(sides, lambda g: stats.process_spread(g)[1] >= MIN_NOISE_DOF).items()}
+    # Otherwise: how far the matched configurations' changes scatter, robustly, per noise group.
     changes = {}
     for key in keys:
         ma, mb = a[key]["median_ms"], b[key]["median_ms"]
         if ma and mb and a[key]["groups"] and b[key]["groups"]:
-            changes.setdefault(key[backend], []).append(np.log(mb / ma))
+            changes.setdefault(noise_group(key), []).append(np.log(mb / ma))
     spread = {name: (stats.change_spread(vs), len(vs))
-              for name, vs in per_backend(changes, lambda v: len(v) >= SPREAD_PER_BACKEND).items()
+              for name, vs in per_group(changes, lambda v: len(v) >= SPREAD_PER_GROUP).items()
               if len(vs) >= MIN_SPREAD_CONFIGS}
     out = {}
     for key in keys:
         ka, kb = len(a[key]["groups"]), len(b[key]["groups"])
-        sd, dof = pooled.get(key[backend], (float("nan"), 0))
+        sd, dof = pooled.get(noise_group(key), (float("nan"), 0))
         if run_noise.get(key):
             out[key] = Noise(float(np.sqrt(2) * run_noise[key]), None, "history", "the history's run-to-run spread")
         elif dof >= MIN_NOISE_DOF and ka and kb:
             out[key] = Noise(float(sd * np.sqrt(stats.best_of_variance(ka) + stats.best_of_variance(kb))), dof, "repeats",
-                             f"repeated processes (sd {100 * sd:.2f}% a process, {dof} df)")
-        elif key[backend] in spread:
-            (sd, dof), n = spread[key[backend]]
+                             f"repeated processes (sd {100 * sd:.2f}% a process, {dof:.0f} df)")
+        elif noise_group(key) in spread:
+            (sd, dof), n = spread[noise_group(key)]
             out[key] = Noise(sd, dof, "spread", f"the spread of {n} configurations' changes (sd {100 * sd:.2f}%)")
     return out
 

@@ -6,11 +6,11 @@
 The runs are of the nightly sweep (sweeps/nightly.toml: the quick zoo, each point in three processes), or
 of any sweep given twice.
 1. Noise model from the two real runs, per configuration: its processes' passes (as measured, in order);
-   per backend: how far a process's median settles from its configuration's median process (every observed
+   per backend and thread count: how far a process's median settles from its configuration's median process (every observed
    deviation, the disturbed processes' long slow tail included).
 2. Synthetic pairs of whole runs built from that noise: every process of every configuration is a real
    process's passes of that configuration, block-resampled (blocks keep the drift within a process), moved
-   by a deviation drawn from its backend's observed ones (their heavy tail included), and the new run is
+   by a deviation drawn from its backend's and thread count's observed ones (their heavy tail included), and the new run is
    slowed down by 0%, 3%, 5%, 10% or 20%. Each pair is judged by aio_examples.compare like a real one, whole
    runs at a time (so the between-run noise is estimated as in a real comparison); --pairs configurations
    are counted per row.
@@ -51,7 +51,6 @@ def noise_model(a: cmp.Run, b: cmp.Run):
     deviations: backend -> every process's log median minus its configuration's mean (both runs), scaled
     so their spread is one process's; the run-to-run changes of the configurations' medians."""
     ca, cb = a.configurations(), b.configurations()
-    backend = cmp.KEY_FIELDS.index("backend")
     configs, deviations, shifts = [], {}, []
     for key in sorted(ca.keys() & cb.keys(), key=str):
         ea, eb = ca[key], cb[key]
@@ -61,7 +60,7 @@ def noise_model(a: cmp.Run, b: cmp.Run):
         logs = np.log([np.median(g) for g in groups])
         # From the median of the configuration's processes (both runs): a disturbed process stays an outlier
         # on its side instead of pulling the centre, and every other process, towards it.
-        deviations.setdefault(key[backend], []).extend(logs - np.median(logs))
+        deviations.setdefault(cmp.noise_group(key), []).extend(logs - np.median(logs))
         shifts.append(np.log(eb["median_ms"] / ea["median_ms"]))
         configs.append((key, [g / np.median(g) for g in groups], float(np.exp(np.median(logs))), len(ea["groups"])))
     return configs, {k: np.array(v) for k, v in deviations.items()}, np.array(shifts)
@@ -84,28 +83,32 @@ def synthetic_record(key, samples) -> dict:
 
 def synthetic_run(rng, configs, deviations, factor=1.0) -> cmp.Run:
     """One run of every configuration: each process a real pass sequence (block-resampled) moved by a
-    process-level deviation of its backend."""
-    backend = cmp.KEY_FIELDS.index("backend")
+    process-level deviation of its noise group (backend and threads)."""
     records = []
     for key, sequences, median, processes in configs:
         for _ in range(processes):
-            shift = np.exp(rng.choice(deviations[key[backend]]))
+            shift = np.exp(rng.choice(deviations[cmp.noise_group(key)]))
             seq = sequences[rng.integers(len(sequences))]
             records.append(synthetic_record(key, median * factor * shift * block_resample(rng, seq)))
     return cmp.Run("synthetic", records)
 
 
 def synthetic(configs, deviations, pairs, threshold, seed=20261121):
+    """slowdown -> verdict counts over `pairs` configurations, and slowdown -> threads -> (flagged, judged)."""
     rng = np.random.default_rng(seed)
-    outcome = {}
+    outcome, by_threads = {}, {}
     for slowdown in SLOWDOWNS:
-        verdicts = []
-        while len(verdicts) < pairs:
+        rows = []
+        while len(rows) < pairs:
             base = synthetic_run(rng, configs, deviations)
             new = synthetic_run(rng, configs, deviations, 1 + slowdown)
-            verdicts += [row["verdict"] for row in cmp.compare(base, new, threshold).rows]
-        outcome[slowdown] = dict(Counter(verdicts[:pairs]))
-    return outcome
+            rows += cmp.compare(base, new, threshold).rows
+        rows = rows[:pairs]
+        outcome[slowdown] = dict(Counter(row["verdict"] for row in rows))
+        by_threads[slowdown] = {t: (sum(r["verdict"] == "regression" for r in rows if r["threads"] == t),
+                                    sum(r["threads"] == t for r in rows))
+                                for t in sorted({r["threads"] for r in rows})}
+    return outcome, by_threads
 
 
 def split_threads(run: cmp.Run, threads: int) -> cmp.Run:
@@ -136,17 +139,21 @@ def main() -> int:
     spread = {name: 1.4826 * float(np.median(np.abs(d))) for name, d in sorted(deviations.items())}
     print(f"noise model: {len(configs)} configurations with >= 20 passes in every process, {configs[0][3]} "
           f"process(es) per configuration and run; how far a process's median settles from its configuration's "
-          f"(robust sd; largest): " + ", ".join(f"{name} {100 * sd:.2f}% ({100 * np.abs(deviations[name]).max():.1f}%)"
-                                                for name, sd in spread.items())
+          f"(robust sd; largest): " + ", ".join(f"{b} t{t} {100 * sd:.2f}% ({100 * np.abs(deviations[(b, t)]).max():.1f}%)"
+                                                for (b, t), sd in spread.items())
           + f"; run-to-run change of a configuration: median {100 * np.median(shifts):+.2f}%, largest "
           f"{100 * np.max(np.abs(shifts)):.2f}%")
-    outcome = synthetic(configs, deviations, args.pairs, threshold)
+    outcome, by_threads = synthetic(configs, deviations, args.pairs, threshold)
     print(f"\nsynthetic pairs ({args.pairs} per row, threshold {100 * threshold:g}%):\n")
     print("| injected slowdown | regression | suspicious | unchanged | improvement |")
     print("|---|---|---|---|---|")
     for slowdown, v in outcome.items():
         print(f"| {100 * slowdown:g}% | {v.get('regression', 0)} | {v.get('suspicious', 0)} | {v.get('unchanged', 0)} "
               f"| {v.get('improvement', 0)} |")
+
+    print("\nflagged by thread count: " + "; ".join(
+        f"{100 * slowdown:g}%: " + ", ".join(f"t{t} {flagged}/{judged}" for t, (flagged, judged) in counts.items())
+        for slowdown, counts in by_threads.items()))
 
     repeat = cmp.compare(a, b, threshold)
     print(f"\nreal repeat runs ({first} -> {second}): {cmp.summary_line(repeat)}")
@@ -169,8 +176,9 @@ def main() -> int:
     for what, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'}: {what}")
     (out / "detector.json").write_text(json.dumps({
-        "runs": [str(first), str(second)], "threshold": threshold, "process_sd": spread, "pairs": args.pairs,
-        "synthetic": {str(k): v for k, v in outcome.items()}, "repeat": repeat.counts, "threads": fewer.counts,
+        "runs": [str(first), str(second)], "threshold": threshold, "process_sd": {f"{b} t{t}": sd for (b, t), sd in spread.items()}, "pairs": args.pairs,
+        "synthetic": {str(k): v for k, v in outcome.items()},
+        "synthetic_flagged_by_threads": {str(k): {str(t): list(c) for t, c in v.items()} for k, v in by_threads.items()}, "repeat": repeat.counts, "threads": fewer.counts,
         "checks": checks}, indent=1))
     (out / "repeat.md").write_text(cmp.to_markdown(repeat))
     (out / "threads.md").write_text(cmp.to_markdown(fewer))
