@@ -252,7 +252,7 @@ def between_run_noise(a: dict, b: dict, keys: list, run_noise: dict) -> dict:
         sd, dof = pooled.get(noise_group(key), (float("nan"), 0))
         if run_noise.get(key):
             out[key] = Noise(float(np.sqrt(2) * run_noise[key]), None, "history", "the history's run-to-run spread")
-        elif dof >= MIN_NOISE_DOF and ka and kb:
+        elif dof > 0 and ka and kb:           # few degrees of freedom widen it through Student's t
             out[key] = Noise(float(sd * np.sqrt(stats.best_of_variance(ka) + stats.best_of_variance(kb))), dof, "repeats",
                              f"repeated processes (sd {100 * sd:.2f}% a process, {dof:.0f} df)")
         elif noise_group(key) in spread:
