@@ -12,7 +12,7 @@ def cache_dir(*parts: str) -> Path:
         base = Path(root)
     else:
         base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "aio-examples"
-    path = base.joinpath(*parts)
+    path = base.joinpath(*parts).absolute()    # absolute: ONNX quantization works in a folder of its own
     path.mkdir(parents=True, exist_ok=True)
     return path
 

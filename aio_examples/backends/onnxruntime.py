@@ -4,6 +4,7 @@ What ran is read back, not assumed: one profiled pass at preparation lists the e
 took, because ORT quietly wraps float16 nodes it has no CPU kernel for in casts and computes them in fp32.
 """
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -220,7 +221,9 @@ def quantize(fp32_path: Path, model, example_inputs, ctx) -> tuple[Path, dict]:
             return next(self.samples, None)
 
     start = time.perf_counter()
-    with atomic_files(path.parent, name) as scratch:
+    # onnxruntime.quantization leaves temporary files (shape-inference models, external data) in the working
+    # directory: give it one of its own, not the user's folder.
+    with atomic_files(path.parent, name) as scratch, tempfile.TemporaryDirectory() as work, contextlib.chdir(work):
         source = scratch / "pre.onnx"
         try:
             # Symbolic shape inference and ORT's basic fusions let more nodes be quantized.
