@@ -223,29 +223,28 @@ def noise_group(key: tuple) -> tuple:
 
 def between_run_noise(a: dict, b: dict, keys: list, run_noise: dict) -> dict:
     """key -> Noise for the matched configurations, from the best source each has (see the module's doc)."""
-
-    def per_group(values: dict, enough) -> dict:
-        """noise group -> its values, or all of them when a group has too few."""
-        every = [v for vs in values.values() for v in vs]
-        return {name: (vs if enough(vs) else every) for name, vs in values.items()}
-
-    # Repeats: processes of one configuration in one run, pooled over the configurations of a noise group.
+    # Repeats: processes of one configuration in one run, pooled over the configurations of a noise group
+    # (over all of them when a group has too few).
     sides = {}
     for configs in (a, b):
         for key, c in configs.items():
             if len(c["groups"]) >= 2:
                 sides.setdefault(noise_group(key), []).append(c["groups"])
-    pooled = {name: stats.process_spread(groups)
-              for name, groups in per_group(sides, lambda g: stats.process_spread(g)[1] >= MIN_NOISE_DOF).items()}
-    # Otherwise: how far the matched configurations' changes scatter, robustly, per noise group.
+    every = stats.process_spread([side for group in sides.values() for side in group])
+    pooled = {name: own if own[1] >= MIN_NOISE_DOF else every
+              for name, own in ((name, stats.process_spread(group)) for name, group in sides.items())}
+    # Otherwise: how far the matched configurations' changes scatter, robustly, per noise group (or all).
     changes = {}
     for key in keys:
         ma, mb = a[key]["median_ms"], b[key]["median_ms"]
         if ma and mb and a[key]["groups"] and b[key]["groups"]:
             changes.setdefault(noise_group(key), []).append(np.log(mb / ma))
-    spread = {name: (stats.change_spread(vs), len(vs))
-              for name, vs in per_group(changes, lambda v: len(v) >= SPREAD_PER_GROUP).items()
-              if len(vs) >= MIN_SPREAD_CONFIGS}
+    all_changes = [v for vs in changes.values() for v in vs]
+    spread = {}
+    for name, vs in changes.items():
+        vs = vs if len(vs) >= SPREAD_PER_GROUP else all_changes
+        if len(vs) >= MIN_SPREAD_CONFIGS:
+            spread[name] = (stats.change_spread(vs), len(vs))
     out = {}
     for key in keys:
         ka, kb = len(a[key]["groups"]), len(b[key]["groups"])

@@ -75,7 +75,7 @@ def render(out_dir: Path, models, backends, precisions) -> str:
                 mark = MARKS.get(r["status"], r["status"])
                 if r["status"] != "ok" and r.get("reason"):
                     # Node names differ from model to model; the reason does not.
-                    reason = re.sub(r" in node \([^)]*\)| with name '[^']*'", "", r["reason"])
+                    reason = re.sub(r" in node \([^)]*\)", "", r["reason"])
                     number = notes.setdefault(reason, len(notes) + 1)
                     mark += f" [{number}]"
                 elif r["status"] == "ok" and r.get("strategy") and r["strategy"] != backend:
