@@ -358,13 +358,14 @@ def test_nightly_baseline_is_the_latest_earlier_run_on_this_machine(tmp_path):
 # ---------------------------------------------------------------- real runs
 
 def test_real_runs_same_configuration_and_fewer_threads(tmp_path):
-    """resnet_18 (eager, 224x224) measured for real, each side in three processes: twice at 2 threads, then
-    at 1 thread. (One process a side cannot tell a process that settled 30% slow, as 2-thread processes on
-    this shared machine do, from a slowdown.)"""
-    def measure(name, threads):
+    """resnet_18 (eager, 224x224) measured for real: twice at 2 threads, each side in three processes (one
+    process a side cannot tell a process that settled 30% slow, as 2-thread processes on this shared machine
+    do, from a slowdown); then one process at 2 threads against one at 1 thread."""
+    def measure(name, threads, repeats):
         out = tmp_path / name
-        proc = run_cli(["-m", "aio_examples", "sweep", "resnet_18", "--backends", "eager", "--threads", str(threads),
-                        "--repeats", "3", "--timeout", "2", "--output", str(out), "--quiet"])
+        command = ["sweep", "resnet_18", "--backends", "eager", "--threads", str(threads), "--repeats", str(repeats),
+                   "--quiet"] if repeats > 1 else ["run", "resnet_18", "--backend", "eager", "-t", str(threads)]
+        proc = run_cli(["-m", "aio_examples", *command, "--timeout", "3", "--output", str(out)])
         assert proc.returncode == 0, proc.stderr[-2000:]
         return out
 
@@ -372,14 +373,15 @@ def test_real_runs_same_configuration_and_fewer_threads(tmp_path):
     busy = psutil.cpu_percent(interval=2.0) / 100 * psutil.cpu_count()
     if busy > 0.3:
         pytest.skip(f"other processes use {busy:.1f} cores: a thread-count comparison needs a quiet machine")
-    a, b, one = measure("a", 2), measure("b", 2), measure("one", 1)
+    a, b = measure("a", 2, 3), measure("b", 2, 3)
+    two, one = measure("two", 2, 1), measure("one", 1, 1)
     # Same configuration twice: whatever this shared machine does in between, not a regression at 20%.
     proc = run_cli(["-m", "aio_examples", "compare", str(a), str(b), "--threshold", "20%", "--format", "json"])
     doc = json.loads(proc.stdout)
     assert proc.returncode == 0 and doc["counts"]["regression"] == 0 and len(doc["configurations"]) == 1
     assert doc["configurations"][0]["repeats"] == [3, 3] and doc["configurations"][0]["noise"]["kind"] == "repeats"
     # Half the threads is a real slowdown; matched with --ignore threads it is flagged.
-    proc = run_cli(["-m", "aio_examples", "compare", str(a), str(one), "--threshold", "20%", "--ignore", "threads",
+    proc = run_cli(["-m", "aio_examples", "compare", str(two), str(one), "--threshold", "20%", "--ignore", "threads",
                     "--format", "json"])
     doc = json.loads(proc.stdout)
     assert proc.returncode == 1, doc
