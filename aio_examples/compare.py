@@ -96,9 +96,10 @@ class Run:
         """key -> the configuration's records in this run: more than one are repeats, each its own process.
 
         Each entry: `record` (the one shown: the first that did not run ok, else the last), `groups` (the
-        passes of each ok record; a multi-instance aggregate's are its instances' passes, pooled),
-        `median_ms` and `throughput` (the best of the ok records, see stats.relative_change) and `confident` (most of its ok records,
-        all of one, met their confidence target).
+        passes of each ok record; a multi-instance aggregate's are its instances' passes, pooled), `met`
+        (whether each of those met its confidence target), `median_ms` and `throughput` (the best of the
+        ok records, see stats.relative_change) and `confident` (most of its ok records, all of one, met
+        their confidence target).
         """
         machines = [machine_fingerprint(r.get("env")) for r in self.records]
         usual = self.machine
@@ -117,16 +118,17 @@ class Run:
         for key, records in by_key.items():
             ok = [r for r in records if r["status"] == "ok"]
             bad = [r for r in records if r["status"] != "ok"]
-            groups = []
+            groups, met = [], []
             for r in ok:
                 instance = r.get("instance") or {}
                 samples = pooled.get(instance.get("group")) if instance.get("aggregate") else r.get("samples_ms")
                 if samples:
                     groups.append(np.asarray(samples, dtype=float))
+                    met.append(bool(r.get("confidence_met")))
             medians = [(r.get("latency_ms") or {}).get("median") for r in ok]
             rates = [(r.get("throughput") or {}).get("value") for r in ok]
             configs[key] = {
-                "record": bad[0] if bad else records[-1], "groups": groups, "repeats": len(records),
+                "record": bad[0] if bad else records[-1], "groups": groups, "met": met, "repeats": len(records),
                 "median_ms": float(np.min(medians)) if ok and all(medians) else None,
                 "throughput": float(np.max(rates)) if ok and all(rates) else None,
                 # With several processes the best of them is what is judged: most must be confident.

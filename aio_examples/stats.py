@@ -135,25 +135,36 @@ def widen(change: Change, se_log: float, dof: float | None = None) -> Change:
 MAD_EFFICIENCY = 0.37    # a median-based spread from n values is worth about 0.37 n of them (at the normal)
 
 
+OUTLIER_SDS = 3.0        # a process this many robust sds from its side's median was disturbed
+
+
 def process_spread(sides) -> tuple[float, float]:
     """How far one process's log median settles from another's, as a standard deviation, pooled over
     configurations, with its degrees of freedom.
 
     `sides`: lists of processes' passes, each the same configuration measured in several processes of one
-    run. Robust: the median of the absolute differences between processes of a side (a disturbed process
-    inflates a plain standard deviation, not this); the bulk of the processes is what the best of them varies
-    with. (nan, 0) without any repeats.
+    run. A disturbed process (a neighbour on a shared machine held it back throughout) would inflate a
+    plain pooled standard deviation, and a median-based one needs about three times the processes for the
+    same precision. So: a robust first guess (the median gap between two processes of a side), then the
+    processes more than OUTLIER_SDS of it from their side's median are set aside, and the rest give the
+    classical pooled estimate with its degrees of freedom (one fewer than the processes kept, per side). The
+    bulk of the processes is what the best of them varies with. (nan, 0) without any repeats.
     """
-    gaps, contrasts = [], 0
-    for groups in sides:
-        if len(groups) >= 2:
-            logs = np.log([np.median(g) for g in groups])
-            gaps += [abs(x - y) for i, x in enumerate(logs) for y in logs[i + 1:]]
-            contrasts += len(logs) - 1
-    if not contrasts:
+    logs = [np.log([np.median(g) for g in groups]) for groups in sides if len(groups) >= 2]
+    gaps = [abs(x - y) for side in logs for i, x in enumerate(side) for y in side[i + 1:]]
+    if not gaps:
         return float("nan"), 0
     # |x - y| of two normal values has median 0.6745 * sqrt(2) * sd.
-    return float(np.median(gaps) / (stats.norm.ppf(0.75) * np.sqrt(2))), max(1.0, MAD_EFFICIENCY * contrasts)
+    guess = float(np.median(gaps) / (stats.norm.ppf(0.75) * np.sqrt(2)))
+    squares, dof = 0.0, 0
+    for side in logs:
+        kept = side[np.abs(side - np.median(side)) <= OUTLIER_SDS * guess] if guess > 0 else side
+        if kept.size >= 2:
+            squares += float(np.sum((kept - kept.mean()) ** 2))
+            dof += kept.size - 1
+    if not dof:
+        return guess, 1.0
+    return float(np.sqrt(squares / dof)), float(dof)
 
 
 # Variance of the lowest of k standard normal values (the best of k processes), exact to three places.
