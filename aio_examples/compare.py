@@ -189,7 +189,8 @@ class Comparison:
 
 def compare(baseline: Run, new: Run, threshold: float = DEFAULT_THRESHOLD, confidence: float = 0.95,
             ignore=(), run_noise: dict | None = None) -> Comparison:
-    """Match configurations and judge each one. `run_noise`: key -> run-to-run sd of log medians (history)."""
+    """Match configurations and judge each one. `run_noise`: key -> (run-to-run sd of log medians, its
+    degrees of freedom), from the history."""
     bad = [f for f in ignore if f not in IGNORABLE]
     if bad:
         raise UsageError(f"--ignore {','.join(bad)!r} is not a configuration field; accepted: {', '.join(IGNORABLE)}")
@@ -252,7 +253,9 @@ def between_run_noise(a: dict, b: dict, keys: list, run_noise: dict) -> dict:
         ka, kb = len(a[key]["groups"]), len(b[key]["groups"])
         sd, dof = pooled.get(noise_group(key), (float("nan"), 0))
         if run_noise.get(key):
-            out[key] = Noise(float(np.sqrt(2) * run_noise[key]), None, "history", "the history's run-to-run spread")
+            run_sd, run_dof = run_noise[key]
+            out[key] = Noise(float(np.sqrt(2) * run_sd), run_dof, "history",
+                             f"the history's run-to-run spread (sd {100 * run_sd:.2f}%, {run_dof:.0f} df)")
         elif dof > 0 and ka and kb:           # few degrees of freedom widen it through Student's t
             out[key] = Noise(float(sd * np.sqrt(stats.best_of_variance(ka) + stats.best_of_variance(kb))), dof, "repeats",
                              f"repeated processes (sd {100 * sd:.2f}% a process, {dof:.0f} df)")

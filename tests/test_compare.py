@@ -196,9 +196,9 @@ def test_run_to_run_noise_from_history_widens_the_interval():
     base, new = record(noisy(rng)), record(noisy(rng, factor=1.08))
     assert verdict_of(base, new)["verdict"] == "regression"
     key = cmp.config_key(base.to_dict(), machine_fingerprint(ENV))
-    noisy_history = verdict_of(base, new, run_noise={key: 0.06})
+    noisy_history = verdict_of(base, new, run_noise={key: (0.06, 8)})
     assert noisy_history["verdict"] == "suspicious" and noisy_history["noise"]["kind"] == "history"
-    assert noisy_history["noise"]["se"] == pytest.approx(0.06 * np.sqrt(2))
+    assert noisy_history["noise"]["se"] == pytest.approx(0.06 * np.sqrt(2)) and noisy_history["noise"]["dof"] == 8
 
 
 def test_multi_instance_aggregates_are_judged_on_throughput():
@@ -306,6 +306,27 @@ def test_history_add_list_show(tmp_path):
     assert plot.read_bytes()[:4] == b"\x89PNG"
     proc = run_cli(["-m", "aio_examples", "history", "show", "vgg_16", "--history", str(db)])
     assert proc.returncode == 2 and "vgg_16" in proc.stderr
+
+
+def test_history_noise_follows_the_best_process_of_each_run(tmp_path):
+    """Six earlier runs of three processes, one of them disturbed (+30-60%) every run: the run-to-run spread
+    is that of the best processes, the statistic a comparison judges, with one degree of freedom fewer than
+    the steps between runs."""
+    rng = np.random.default_rng(17)
+    levels = 20.0 * np.exp(rng.normal(0, 0.01, 6))
+    with hist.History.open(tmp_path / "h.sqlite") as h:
+        for level in levels:
+            medians = [level, level * 1.001, level * rng.uniform(1.3, 1.6)]
+            h.add(cmp.Run("night", [record(noisy(rng, median_ms=m, n=60)).to_dict() for m in medians]))
+        run = cmp.Run("new", [record(noisy(rng)).to_dict()])
+        (key,) = run.configurations().keys()
+        sd, dof = h.run_noise(machine_fingerprint(ENV), [key])[key]
+    stored = []
+    with sqlite3.connect(tmp_path / "h.sqlite") as conn:
+        for run_id in range(1, 7):
+            stored.append(min(m for (m,) in conn.execute("SELECT median_ms FROM records WHERE run_id = ?", (run_id,))))
+    assert dof == 4 and sd == pytest.approx(np.std(np.diff(np.log(stored)), ddof=1) / np.sqrt(2))
+    assert sd < 0.05           # the disturbed processes (30-60% off, in no order) are not in it
 
 
 def test_history_is_transactional_and_never_overwrites(tmp_path, monkeypatch):
