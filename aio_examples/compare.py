@@ -12,10 +12,13 @@ latency (and of throughput) gets a confidence interval, and a verdict:
 The interval has two terms, added on the log scale. The passes of each process give the within-run term
 (a bootstrap). A whole process also settles a percent or more away from the next one (memory layout,
 placement, the neighbours of a shared machine), which no number of passes in one process shows; that
-between-run term comes from, in order: the history's run-to-run spread of the configuration, the spread of
-a run's repeated processes (robust, pooled over configurations of the same backend and thread count; such a configuration is
-judged on its best process), or how far the changes of all matched configurations scatter (robustly). Without any of these the interval is the
-within-run term only, and the report says so.
+between-run term comes from, in order: the history's run-to-run spread of the configuration; the spread of
+a run's repeated processes (pooled over configurations of the same backend and thread count, disturbed
+processes set aside; such a configuration is judged on the median of its processes), unless the changes
+of the matched configurations at its thread count scatter wider (the machine itself moved between the
+runs, which repeats within a run cannot show); or that scatter alone (robust, so the few configurations
+that really changed do not inflate it). Without any of these the interval is the within-run term only,
+and the report says so.
 
 A status change from ok to anything else is a regression (it no longer runs, or its answer is wrong), the
 reverse an improvement. Multi-instance configurations are judged on their aggregate throughput, with the
@@ -45,7 +48,7 @@ DEFAULT_THRESHOLD = 0.05
 LIBRARIES = ("torch", "torchvision", "transformers", "numpy", "onnxruntime", "openvino")
 MIN_NOISE_DOF = 4        # repeats: degrees of freedom a noise group needs, fewer and all are pooled
 MIN_SPREAD_CONFIGS = 6   # matched configurations before their changes' spread is a noise estimate ...
-SPREAD_PER_GROUP = 12    # ... and per noise group from this many (fewer: all pooled)
+SPREAD_PER_GROUP = 12    # ... and per thread count from this many (fewer: all pooled)
 
 
 def parse_threshold(text: str) -> float:
@@ -97,8 +100,8 @@ class Run:
 
         Each entry: `record` (the one shown: the first that did not run ok, else the last), `groups` (the
         passes of each ok record; a multi-instance aggregate's are its instances' passes, pooled), `met`
-        (whether each of those met its confidence target), `median_ms` and `throughput` (the best of the
-        ok records, see stats.relative_change) and `confident` (most of its ok records, all of one, met
+        (whether each of those met its confidence target), `median_ms` and `throughput` (the median of
+        the ok records, see stats.relative_change) and `confident` (most of its ok records, all of one, met
         their confidence target).
         """
         machines = [machine_fingerprint(r.get("env")) for r in self.records]
@@ -129,9 +132,9 @@ class Run:
             rates = [(r.get("throughput") or {}).get("value") for r in ok]
             configs[key] = {
                 "record": bad[0] if bad else records[-1], "groups": groups, "met": met, "repeats": len(records),
-                "median_ms": float(np.min(medians)) if ok and all(medians) else None,
-                "throughput": float(np.max(rates)) if ok and all(rates) else None,
-                # With several processes the best of them is what is judged: most must be confident.
+                "median_ms": float(np.median(medians)) if ok and all(medians) else None,
+                "throughput": float(np.median(rates)) if ok and all(rates) else None,
+                # With several processes their median is what is judged: most must be confident.
                 "confident": bool(ok) and 2 * sum(bool(r.get("confidence_met")) for r in ok) > len(ok)}
         return configs
 
@@ -224,6 +227,11 @@ def noise_group(key: tuple) -> tuple:
     return key[KEY_FIELDS.index("backend")], key[KEY_FIELDS.index("threads")]
 
 
+def _threads(key: tuple) -> int:
+    """Configurations whose changes scatter alike: those at the same thread count."""
+    return key[KEY_FIELDS.index("threads")]
+
+
 def between_run_noise(a: dict, b: dict, keys: list, run_noise: dict) -> dict:
     """key -> Noise for the matched configurations, from the best source each has (see the module's doc)."""
     # Repeats: processes of one configuration in one run, pooled over the configurations of a noise group
@@ -236,12 +244,12 @@ def between_run_noise(a: dict, b: dict, keys: list, run_noise: dict) -> dict:
     every = stats.process_spread([side for group in sides.values() for side in group])
     pooled = {name: own if own[1] >= MIN_NOISE_DOF else every
               for name, own in ((name, stats.process_spread(group)) for name, group in sides.items())}
-    # Otherwise: how far the matched configurations' changes scatter, robustly, per noise group (or all).
+    # How far the matched configurations' changes scatter, robustly, per thread count (or over all of them).
     changes = {}
     for key in keys:
         ma, mb = a[key]["median_ms"], b[key]["median_ms"]
         if ma and mb and a[key]["groups"] and b[key]["groups"]:
-            changes.setdefault(noise_group(key), []).append(np.log(mb / ma))
+            changes.setdefault(_threads(key), []).append(np.log(mb / ma))
     all_changes = [v for vs in changes.values() for v in vs]
     spread = {}
     for name, vs in changes.items():
@@ -257,10 +265,15 @@ def between_run_noise(a: dict, b: dict, keys: list, run_noise: dict) -> dict:
             out[key] = Noise(float(np.sqrt(2) * run_sd), run_dof, "history",
                              f"the history's run-to-run spread (sd {100 * run_sd:.2f}%, {run_dof:.0f} df)")
         elif dof > 0 and ka and kb:           # few degrees of freedom widen it through Student's t
-            out[key] = Noise(float(sd * np.sqrt(stats.best_of_variance(ka) + stats.best_of_variance(kb))), dof, "repeats",
-                             f"repeated processes (sd {100 * sd:.2f}% a process, {dof:.0f} df)")
-        elif noise_group(key) in spread:
-            (sd, dof), n = spread[noise_group(key)]
+            se = float(sd * np.sqrt(stats.median_of_variance(ka) + stats.median_of_variance(kb)))
+            # Repeats within a run cannot see the machine move between runs; the changes of the other
+            # configurations can: the wider of the two is taken.
+            (wide, wide_dof), n = spread.get(_threads(key), ((0.0, 0), 0))
+            out[key] = Noise(se, dof, "repeats", f"repeated processes (sd {100 * sd:.2f}% a process, {dof:.0f} df)") \
+                if se >= wide else Noise(wide, wide_dof, "spread", f"the spread of {n} configurations' changes "
+                                         f"(sd {100 * wide:.2f}%, wider than the repeats' {100 * se:.2f}%)")
+        elif _threads(key) in spread:
+            (sd, dof), n = spread[_threads(key)]
             out[key] = Noise(sd, dof, "spread", f"the spread of {n} configurations' changes (sd {100 * sd:.2f}%)")
     return out
 

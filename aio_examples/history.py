@@ -205,21 +205,23 @@ class History:
         freedom), from MIN_RUNS_FOR_NOISE runs on.
 
         This is how much a configuration moves from one run to the next on this machine, which the passes
-        within one run cannot show. A run with repeats counts with its best process, the one a comparison
-        judges. Differences of consecutive runs, over sqrt(2), so a real step change in the past inflates it
-        less than a plain standard deviation would.
+        within one run cannot show. A run with repeats counts with the median of its processes, as a
+        comparison judges it. Differences of consecutive runs, over sqrt(2), so a real step change in the
+        past inflates it less than a plain standard deviation would.
         """
         out = {}
         for key in keys:
             model, backend, precision, batch, threads, inst, alloc, shape, _ = key
-            medians = [m for (m,) in self.conn.execute(
-                "SELECT MIN(x.median_ms) FROM records x JOIN runs r ON r.id = x.run_id WHERE r.machine IS ? "
-                "AND x.model = ? AND x.backend = ? AND x.precision = ? AND x.batch_size = ? AND x.threads = ? "
-                "AND x.instances = ? AND x.allocator = ? AND x.shape = ? AND x.status = 'ok' "
-                "AND x.median_ms > 0 AND r.id IS NOT ? GROUP BY r.id ORDER BY r.started_at, r.id",
-                (machine, model, backend, precision, batch, threads, inst, alloc, shape, before))]
-            if len(medians) >= MIN_RUNS_FOR_NOISE:
-                steps = np.diff(np.log(medians))
+            by_run = {}
+            for run_id, median in self.conn.execute(
+                    "SELECT r.id, x.median_ms FROM records x JOIN runs r ON r.id = x.run_id WHERE r.machine IS ? "
+                    "AND x.model = ? AND x.backend = ? AND x.precision = ? AND x.batch_size = ? AND x.threads = ? "
+                    "AND x.instances = ? AND x.allocator = ? AND x.shape = ? AND x.status = 'ok' "
+                    "AND x.median_ms > 0 AND r.id IS NOT ? ORDER BY r.started_at, r.id",
+                    (machine, model, backend, precision, batch, threads, inst, alloc, shape, before)):
+                by_run.setdefault(run_id, []).append(median)
+            if len(by_run) >= MIN_RUNS_FOR_NOISE:
+                steps = np.diff(np.log([np.median(m) for m in by_run.values()]))
                 out[key] = (float(np.std(steps, ddof=1) / np.sqrt(2)), float(steps.size - 1))
         return out
 

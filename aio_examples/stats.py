@@ -77,9 +77,10 @@ def relative_change(baseline, new, statistic=np.median, confidence: float = 0.95
     """Change of `statistic` (median or mean) from `baseline` to `new` samples, with a percentile bootstrap CI.
 
     A side is an array of passes, or a list of arrays: the same configuration measured in several processes.
-    Then the statistic is the best (lowest) of the processes' statistics: on a shared machine a process
-    settles slower, not faster, when its neighbours get in its way, so the fastest process is the one they
-    disturbed least, and only a side whose every process was disturbed moves it. The bootstrap resamples passes
+    Then the statistic is the median of the processes' statistics: a process that a neighbour held back,
+    or one that ran while the machine was unusually idle, does not move it, and for a handful of
+    processes it varies less than their fastest one (0.29 of one process's variance from five processes,
+    against 0.45 for the fastest; see median_of_variance). The bootstrap resamples passes
     (within each process): the interval covers the noise of the passes only. How much a whole process or run
     moves on its own is a separate, larger term that a handful of processes cannot bootstrap; `widen` adds it.
     Both sides are resampled independently (different runs), the ratio is taken on a log scale so slower
@@ -88,7 +89,7 @@ def relative_change(baseline, new, statistic=np.median, confidence: float = 0.95
     ga, gb = _groups(baseline), _groups(new)
 
     def point(groups):
-        return float(np.min([statistic(g) for g in groups]))
+        return float(np.median([statistic(g) for g in groups]))
 
     rel = point(gb) / point(ga) - 1.0
     if sum(g.size for g in ga) < MIN_SAMPLES or sum(g.size for g in gb) < MIN_SAMPLES:
@@ -103,7 +104,7 @@ def relative_change(baseline, new, statistic=np.median, confidence: float = 0.95
         low, high = ci.low, ci.high
     else:
         def resampled(groups):        # n_resamples values of the side's statistic, passes resampled per process
-            return np.min([statistic(rng.choice(g, size=(n_resamples, g.size)), axis=1) for g in groups], axis=0)
+            return np.median([statistic(rng.choice(g, size=(n_resamples, g.size)), axis=1) for g in groups], axis=0)
 
         ratios = np.log(resampled(gb) / resampled(ga))
         low, high = np.percentile(ratios, [50 * (1 - confidence), 50 * (1 + confidence)])
@@ -148,7 +149,7 @@ def process_spread(sides) -> tuple[float, float]:
     same precision. So: a robust first guess (the median gap between two processes of a side), then the
     processes more than OUTLIER_SDS of it from their side's median are set aside, and the rest give the
     classical pooled estimate with its degrees of freedom (one fewer than the processes kept, per side). The
-    bulk of the processes is what the best of them varies with. (nan, 0) without any repeats.
+    bulk of the processes is what their median varies with. (nan, 0) without any repeats.
     """
     logs = [np.log([np.median(g) for g in groups]) for groups in sides if len(groups) >= 2]
     gaps = [abs(x - y) for side in logs for i, x in enumerate(side) for y in side[i + 1:]]
@@ -167,14 +168,14 @@ def process_spread(sides) -> tuple[float, float]:
     return float(np.sqrt(squares / dof)), float(dof)
 
 
-# Variance of the lowest of k standard normal values (the best of k processes), exact to three places.
-_BEST_OF_VARIANCE = {1: 1.0, 2: 0.682, 3: 0.560, 4: 0.492, 5: 0.448, 6: 0.416, 7: 0.392, 8: 0.373, 9: 0.357,
-                     10: 0.344}
+# Variance of the median of k standard normal values (the median of k processes), to three places.
+_MEDIAN_OF_VARIANCE = {1: 1.0, 2: 0.5, 3: 0.448, 4: 0.298, 5: 0.286, 6: 0.215, 7: 0.211, 8: 0.169, 9: 0.166,
+                       10: 0.138}
 
 
-def best_of_variance(k: int) -> float:
-    """How much the best of k processes still moves, relative to one process (the k = 10 value beyond)."""
-    return _BEST_OF_VARIANCE.get(k, _BEST_OF_VARIANCE[10])
+def median_of_variance(k: int) -> float:
+    """How much the median of k processes still moves, relative to one process (1.4 / k beyond ten)."""
+    return _MEDIAN_OF_VARIANCE.get(k, 1.4 / max(k, 1))
 
 
 def change_spread(log_changes) -> tuple[float, float]:
