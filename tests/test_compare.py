@@ -449,10 +449,16 @@ def test_run_all_nightly_end_to_end(tmp_path):
     first = night("n1")
     assert first.returncode == 0, first.stderr[-2000:]
     assert "No baseline yet" in first.stdout and (tmp_path / "n1" / "report" / "report.html").exists()
+    # The second night is compared with the first from the history, with the threshold asked for. Its
+    # verdict is left to chance: one process a night and nothing else to tell the noise by, and a 32-pixel
+    # squeezenet pass takes 0.6 ms in one process and 1.4 ms in the next here (whether two real runs raise
+    # false alarms is test_real_runs_same_configuration_and_fewer_threads's question). The exit code
+    # follows the verdict.
     second = night("n2", "--threshold", "50%")
-    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
-    assert "compared with history:1" in second.stdout
-    assert json.loads((tmp_path / "n2" / "regression" / "regression.json").read_text())["counts"]["regression"] == 0
+    assert "compared with history:1" in second.stdout, second.stdout[-2000:] + second.stderr[-2000:]
+    judged = json.loads((tmp_path / "n2" / "regression" / "regression.json").read_text())
+    assert judged["threshold"] == 0.5 and len(judged["configurations"]) == 1
+    assert second.returncode == (1 if judged["counts"]["regression"] else 0), second.stderr[-2000:]
     # A baseline twice as fast as the last night: that night is a regression, exit 1, report written.
     fast = tmp_path / "fast"
     fast.mkdir()
