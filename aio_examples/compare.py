@@ -421,7 +421,7 @@ def noise_line(c: Comparison) -> str:
     if not kinds:
         return ""
     said = {"repeats": "repeated processes", "history": "the history's run-to-run spread",
-            "spread": "the spread of all configurations' changes"}
+            "spread": "the spread of the other configurations' changes"}
     parts = [f"{said[k]} for {n}" for k, n in kinds.items() if k]
     if kinds.get(None):
         parts.append(f"nothing for {kinds[None]} (their intervals cover the passes only)")
