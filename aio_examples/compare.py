@@ -48,7 +48,7 @@ DEFAULT_THRESHOLD = 0.05
 LIBRARIES = ("torch", "torchvision", "transformers", "numpy", "onnxruntime", "openvino")
 MIN_NOISE_DOF = 4        # repeats: degrees of freedom a noise group needs, fewer and all are pooled
 MIN_SPREAD_CONFIGS = 6   # matched configurations before their changes' spread is a noise estimate ...
-SPREAD_PER_GROUP = 12    # ... and per thread count from this many (fewer: all pooled)
+SPREAD_PER_THREAD_COUNT = 12  # ... and per thread count from this many (fewer: all pooled)
 
 
 def parse_threshold(text: str) -> float:
@@ -253,7 +253,7 @@ def between_run_noise(a: dict, b: dict, keys: list, run_noise: dict) -> dict:
     all_changes = [v for vs in changes.values() for v in vs]
     spread = {}
     for name, vs in changes.items():
-        vs = vs if len(vs) >= SPREAD_PER_GROUP else all_changes
+        vs = vs if len(vs) >= SPREAD_PER_THREAD_COUNT else all_changes
         if len(vs) >= MIN_SPREAD_CONFIGS:
             spread[name] = (stats.change_spread(vs), len(vs))
     out = {}
@@ -265,13 +265,15 @@ def between_run_noise(a: dict, b: dict, keys: list, run_noise: dict) -> dict:
             out[key] = Noise(float(np.sqrt(2) * run_sd), run_dof, "history",
                              f"the history's run-to-run spread (sd {100 * run_sd:.2f}%, {run_dof:.0f} df)")
         elif dof > 0 and ka and kb:           # few degrees of freedom widen it through Student's t
-            se = float(sd * np.sqrt(stats.median_of_variance(ka) + stats.median_of_variance(kb)))
+            se = float(sd * np.sqrt(stats.median_variance(ka) + stats.median_variance(kb)))
             # Repeats within a run cannot see the machine move between runs; the changes of the other
             # configurations can: the wider of the two is taken.
             (wide, wide_dof), n = spread.get(_threads(key), ((0.0, 0), 0))
-            out[key] = Noise(se, dof, "repeats", f"repeated processes (sd {100 * sd:.2f}% a process, {dof:.0f} df)") \
-                if se >= wide else Noise(wide, wide_dof, "spread", f"the spread of {n} configurations' changes "
-                                         f"(sd {100 * wide:.2f}%, wider than the repeats' {100 * se:.2f}%)")
+            if se >= wide:
+                out[key] = Noise(se, dof, "repeats", f"repeated processes (sd {100 * sd:.2f}% a process, {dof:.0f} df)")
+            else:
+                out[key] = Noise(wide, wide_dof, "spread", f"the spread of {n} configurations' changes "
+                                 f"(sd {100 * wide:.2f}%, wider than the repeats' {100 * se:.2f}%)")
         elif _threads(key) in spread:
             (sd, dof), n = spread[_threads(key)]
             out[key] = Noise(sd, dof, "spread", f"the spread of {n} configurations' changes (sd {100 * sd:.2f}%)")

@@ -80,7 +80,7 @@ def relative_change(baseline, new, statistic=np.median, confidence: float = 0.95
     Then the statistic is the median of the processes' statistics: a process that a neighbour held back,
     or one that ran while the machine was unusually idle, does not move it, and for a handful of
     processes it varies less than their fastest one (0.29 of one process's variance from five processes,
-    against 0.45 for the fastest; see median_of_variance). The bootstrap resamples passes
+    against 0.45 for the fastest; see median_variance). The bootstrap resamples passes
     (within each process): the interval covers the noise of the passes only. How much a whole process or run
     moves on its own is a separate, larger term that a handful of processes cannot bootstrap; `widen` adds it.
     Both sides are resampled independently (different runs), the ratio is taken on a log scale so slower
@@ -133,9 +133,6 @@ def widen(change: Change, se_log: float, dof: float | None = None) -> Change:
     return Change(change.rel, float(np.expm1(center - q * se)), float(np.expm1(center + q * se)), change.confidence)
 
 
-MAD_EFFICIENCY = 0.37    # a median-based spread from n values is worth about 0.37 n of them (at the normal)
-
-
 OUTLIER_SDS = 3.0        # a process this many robust sds from its side's median was disturbed
 
 
@@ -168,14 +165,17 @@ def process_spread(sides) -> tuple[float, float]:
     return float(np.sqrt(squares / dof)), float(dof)
 
 
-# Variance of the median of k standard normal values (the median of k processes), to three places.
-_MEDIAN_OF_VARIANCE = {1: 1.0, 2: 0.5, 3: 0.448, 4: 0.298, 5: 0.286, 6: 0.215, 7: 0.211, 8: 0.169, 9: 0.166,
-                       10: 0.138}
+# Variance of the median of k normal values, in units of one value's variance (to three places).
+_MEDIAN_VARIANCE = {1: 1.0, 2: 0.5, 3: 0.448, 4: 0.298, 5: 0.286, 6: 0.215, 7: 0.211, 8: 0.169, 9: 0.166,
+                    10: 0.138}
 
 
-def median_of_variance(k: int) -> float:
-    """How much the median of k processes still moves, relative to one process (1.4 / k beyond ten)."""
-    return _MEDIAN_OF_VARIANCE.get(k, 1.4 / max(k, 1))
+def median_variance(k: int) -> float:
+    """How much the median of k processes still moves, relative to one process (pi/2k for large k)."""
+    return _MEDIAN_VARIANCE.get(k, np.pi / (2 * k))
+
+
+MAD_EFFICIENCY = 0.37    # the MAD's efficiency at the normal: n values are worth about 0.37 n for its spread
 
 
 def change_spread(log_changes) -> tuple[float, float]:

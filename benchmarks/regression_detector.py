@@ -6,16 +6,17 @@
 The runs are of the nightly sweep (sweeps/nightly.toml: the quick zoo, each point in five processes), or
 of any sweep given twice.
 1. Noise model from the two real runs, per configuration: its processes' passes (as measured, in order);
-   per backend and thread count: how far a process's median settles from its configuration's median process (every observed
-   deviation, the disturbed processes' long slow tail included).
+   per backend and thread count: how far a process's median settles from its configuration's median
+   process (every observed deviation, the disturbed processes' long slow tail included).
 2. Synthetic pairs of whole runs built from that noise: every process of every configuration is a real
    process's passes of that configuration, block-resampled (blocks keep the drift within a process), moved
-   by a deviation drawn from its backend's and thread count's observed ones (their heavy tail included), and
-   keeping whether that process met its confidence target (the runner stops a process the moment its
+   by a deviation drawn from its backend's and thread count's observed ones (their heavy tail included),
+   and keeping whether that process met its confidence target (the runner stops a process the moment its
    interval is narrow enough: recomputing the interval on resampled passes would miss it about half the
-   time, and make sides look less confident than measured ones are); the new run is slowed down by 0%, 3%, 5%, 10% or 20%. Each pair is judged by aio_examples.compare like a real one, whole
-   runs at a time (so the between-run noise is estimated as in a real comparison); --pairs configurations
-   are counted per row.
+   time, and make sides look less confident than measured ones are); the new run is slowed down by 0%,
+   3%, 5%, 10% or 20%. Each pair is judged by aio_examples.compare like a real one, whole runs at a time
+   (so the between-run noise is estimated as in a real comparison); --pairs configurations are counted
+   per row.
 3. The real runs: the second against the first (nothing changed: no regression may be flagged), and the
    1-thread points against the 2-thread points of the same run (a real slowdown: must be flagged).
 
@@ -50,8 +51,8 @@ def sweep(out: Path, config: Path):
 def noise_model(a: cmp.Run, b: cmp.Run):
     """configurations: (key, normalised pass sequences with their processes' confidence_met, typical median,
     processes a run);
-    deviations: backend -> every process's log median minus its configuration's mean (both runs), scaled
-    so their spread is one process's; the run-to-run changes of the configurations' medians."""
+    deviations: noise group (backend, threads) -> every process's log median minus that of its
+    configuration's median process (both runs); the run-to-run changes of the configurations' medians."""
     ca, cb = a.configurations(), b.configurations()
     configs, deviations, shifts = [], {}, []
     for key in sorted(ca.keys() & cb.keys(), key=str):
@@ -179,10 +180,12 @@ def main() -> int:
     for what, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'}: {what}")
     (out / "detector.json").write_text(json.dumps({
-        "runs": [str(first), str(second)], "threshold": threshold, "process_sd": {f"{b} t{t}": sd for (b, t), sd in spread.items()}, "pairs": args.pairs,
+        "runs": [str(first), str(second)], "threshold": threshold, "pairs": args.pairs,
+        "process_sd": {f"{b} t{t}": sd for (b, t), sd in spread.items()},
         "synthetic": {str(k): v for k, v in outcome.items()},
-        "synthetic_flagged_by_threads": {str(k): {str(t): list(c) for t, c in v.items()} for k, v in by_threads.items()}, "repeat": repeat.counts, "threads": fewer.counts,
-        "checks": checks}, indent=1))
+        "synthetic_flagged_by_threads": {str(k): {str(t): list(c) for t, c in v.items()}
+                                         for k, v in by_threads.items()},
+        "repeat": repeat.counts, "threads": fewer.counts, "checks": checks}, indent=1))
     (out / "repeat.md").write_text(cmp.to_markdown(repeat))
     (out / "threads.md").write_text(cmp.to_markdown(fewer))
     return 0 if all(checks.values()) else 1
