@@ -62,9 +62,12 @@ apt_install() {
     rm -f "$log"
     return $rc
 }
-if ! command -v podman >/dev/null || ! command -v runc >/dev/null; then
-    step "podman and runc"
-    apt_install podman runc || skip "podman and runc are not installed and cannot be (needs root and apt-get)"
+# catatonit is the init podman runs for docker-compose.yml's `init: true`; Debian only recommends it with
+# podman, so an install without recommends (or an older one) lacks it and the compose service cannot start.
+if ! command -v podman >/dev/null || ! command -v runc >/dev/null || [ ! -x /usr/libexec/podman/catatonit ]; then
+    step "podman, runc and catatonit"
+    apt_install podman runc catatonit \
+        || skip "podman, runc and catatonit are not installed and cannot be (needs root and apt-get)"
 fi
 dir=${AIO_CONTAINER_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/aio-examples/container}
 mkdir -p "$dir"
