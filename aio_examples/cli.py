@@ -59,6 +59,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-dir", default=None, help="a local Hugging Face model folder (with tokenizer)")
     p.add_argument("--allow-oversubscribe", action="store_true",
                    help="allow more threads than CPUs available to this process")
+    p.add_argument("--probe", action="store_true",
+                   help="after every second of passes, time the machine probe (how fast the cores hand work "
+                        "over right now) so compare can take the machine's moves out of a change")
     p.add_argument("--json", action="store_true", help="print the records as JSON lines instead of a table")
     # Set by the sweep and throughput drivers for the processes they start.
     p.add_argument("--point-id", default=None, help=argparse.SUPPRESS)
@@ -127,7 +130,7 @@ def do_run(model: str, args) -> int:
         instance = InstanceSync.parse(args.instance, args.barrier or ".", args.group or "")
     req = RunRequest(spec, backends, precisions, args.batch_size, choice, shape, args.weights, args.model_dir,
                      StopRule(timeout_s=args.timeout, num_runs=args.num_runs), instance=instance,
-                     point_id=args.point_id)
+                     point_id=args.point_id, probe=args.probe)
     compare = len(backends) > 1 or len(precisions) > 1
     results = run(req, out_dir, reference=compare)
     if args.json:
@@ -262,7 +265,7 @@ def do_sweep(args) -> int:
     overrides = {"models": args.models or None, "backends": args.backends, "precisions": args.precisions,
                  "batch_sizes": args.batch_sizes, "threads": args.threads, "allocators": args.allocators,
                  "timeout": args.timeout, "point_timeout": args.point_timeout, "output": args.output,
-                 "shape": shape or None, "repeats": args.repeats}
+                 "shape": shape or None, "repeats": args.repeats, "probe": args.probe or None}
     if args.config:
         cfg = SweepConfig.from_toml(args.config, overrides)
     else:
@@ -458,6 +461,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds before a point's process is killed (default 900)")
     sw.add_argument("--repeats", type=_positive("--repeats"), default=None,
                     help="measure every point this many times, each in its own process (default 1)")
+    sw.add_argument("--probe", action="store_true", default=None,
+                    help="every point also times the machine probe after each round (see run --probe)")
     sw.add_argument("--output", default=None, help="folder of results.jsonl; rerunning resumes (default results/sweep)")
     sw.add_argument("--quiet", action="store_true", help="no progress bar (also when CI=true)")
     tp = sub.add_parser("throughput", help="N instances x T threads on disjoint cores, throughput summed")

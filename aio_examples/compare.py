@@ -100,7 +100,8 @@ class Run:
 
         Each entry: `record` (the one shown: the first that did not run ok, else the last), `groups` (the
         passes of each ok record; a multi-instance aggregate's are its instances' passes, pooled), `met`
-        (whether each of those met its confidence target), `median_ms` and `throughput` (the median of
+        (whether each of those met its confidence target), `rounds` (each one's machine probe rounds, or
+        None), `median_ms` and `throughput` (the median of
         the ok records, see stats.relative_change) and `confident` (most of its ok records, all of one, met
         their confidence target).
         """
@@ -121,17 +122,20 @@ class Run:
         for key, records in by_key.items():
             ok = [r for r in records if r["status"] == "ok"]
             bad = [r for r in records if r["status"] != "ok"]
-            groups, met = [], []
+            groups, met, rounds = [], [], []
             for r in ok:
                 instance = r.get("instance") or {}
                 samples = pooled.get(instance.get("group")) if instance.get("aggregate") else r.get("samples_ms")
                 if samples:
                     groups.append(np.asarray(samples, dtype=float))
                     met.append(bool(r.get("confidence_met")))
+                    probe = (r.get("probe") or {}).get("rounds")
+                    rounds.append(probe if probe and sum(n for n, _ in probe) == len(samples) else None)
             medians = [(r.get("latency_ms") or {}).get("median") for r in ok]
             rates = [(r.get("throughput") or {}).get("value") for r in ok]
             configs[key] = {
-                "record": bad[0] if bad else records[-1], "groups": groups, "met": met, "repeats": len(records),
+                "record": bad[0] if bad else records[-1], "groups": groups, "met": met, "rounds": rounds,
+                "repeats": len(records),
                 "median_ms": float(np.median(medians)) if ok and all(medians) else None,
                 "throughput": float(np.median(rates)) if ok and all(rates) else None,
                 # With several processes their median is what is judged: most must be confident.
@@ -203,11 +207,47 @@ def compare(baseline: Run, new: Run, threshold: float = DEFAULT_THRESHOLD, confi
     out.notes = _differences(baseline, new, ignore)
     a, b = baseline.configurations(ignore), new.configurations(ignore)
     matched = sorted(a.keys() & b.keys(), key=str)
-    noise = between_run_noise(a, b, matched, run_noise or {})
+    machine = take_out_machine(a, b, matched)
+    # The history holds raw medians: where the machine's share is taken out, its spread would count the
+    # machine's moves back in, so these configurations take their noise from the (adjusted) runs themselves.
+    noise = between_run_noise(a, b, matched, {k: v for k, v in (run_noise or {}).items() if k not in machine})
     for key in matched:
-        out.rows.append(judge(key, a[key], b[key], threshold, confidence, noise.get(key)))
+        row = judge(key, a[key], b[key], threshold, confidence, noise.get(key))
+        if key in machine:
+            m = machine[key]
+            row["machine"] = m
+            if row["latency_change"]:
+                row["why"] += (f" (machine probe {_pct(m['probe_change'])}, x{m['slope']:.2f}: raw change "
+                               f"{_pct(m['raw_change'])})")
+        out.rows.append(row)
     out.missing = [_describe(k, a[k]["record"]) for k in sorted(a.keys() - b.keys(), key=str)]
     out.added = [_describe(k, b[k]["record"]) for k in sorted(b.keys() - a.keys(), key=str)]
+    return out
+
+
+def take_out_machine(a: dict, b: dict, keys: list) -> dict:
+    """Where every process on both sides carries the machine probe: take the machine's moves out of the
+    configuration's passes (stats.machine_slope, stats.without_machine), in place, relative to the probe's
+    median over both sides. key -> {slope, probe_change, raw_change} for the configurations adjusted."""
+    out = {}
+    for key in keys:
+        sides = [list(zip(e["groups"], e["rounds"], strict=True)) for e in (a[key], b[key])]
+        if (not all(sides) or any(r is None for side in sides for _, r in side)
+                or not a[key]["median_ms"] or not b[key]["median_ms"]):
+            continue
+        slope = stats.machine_slope(sides)
+        logs = [np.log([p for _, rounds in side for _, p in rounds]) for side in sides]
+        reference = float(np.exp(np.median(np.concatenate(logs))))
+        entry = {"slope": slope, "probe_change": float(np.expm1(np.median(logs[1]) - np.median(logs[0]))),
+                 "raw_change": b[key]["median_ms"] / a[key]["median_ms"] - 1}
+        if slope > 0:
+            for e, side in zip((a[key], b[key]), sides, strict=True):
+                e["groups"] = [stats.without_machine(g, r, slope, reference) for g, r in side]
+                median = float(np.median([np.median(g) for g in e["groups"]]))
+                if e["throughput"]:
+                    e["throughput"] *= e["median_ms"] / median
+                e["median_ms"] = median
+        out[key] = entry
     return out
 
 

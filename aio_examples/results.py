@@ -51,6 +51,7 @@ class Result:
     metrics: dict = field(default_factory=dict)      # task extras, e.g. time to first token
     speedup_vs_eager_fp32: float | None = None       # only for status ok: a wrong answer is no speedup
     check: dict | None = None                        # outputs vs eager fp32, see checks.py
+    probe: dict | None = None                        # machine probe per round (machine_probe.py), when asked
     strategy: str | None = None                      # how the backend ran it (the optimized backend chooses)
     warnings: list = field(default_factory=list)
     backend_info: dict = field(default_factory=dict)

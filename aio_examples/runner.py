@@ -41,6 +41,7 @@ class RunRequest:
     example_inputs: tuple | None = None
     instance: object = None          # an InstanceSync: one of several processes measured side by side
     point_id: str | None = None      # the sweep point this run answers
+    probe: bool = False              # measure the machine probe after every round (machine_probe.py)
     flops_per_pass: int | None = None  # filled by run(): FLOPs of one pass (zoo models), for % of machine peak
 
     def __post_init__(self):
@@ -149,7 +150,7 @@ def run(req: RunRequest, out_dir: Path | None = None, run_id: str | None = None,
             if req.instance is not None:
                 _measure_instance(active, req)
             else:
-                measure([c.measurement for c in active], on_error=_fail_measurement)
+                measure([c.measurement for c in active], on_error=_fail_measurement, probe=_probe(req))
     except KeyboardInterrupt:
         interrupted = True     # keep what was measured: write it, then stop
         for cand in active:
@@ -188,6 +189,14 @@ def _measure_instance(active: list[_Candidate], req: RunRequest) -> None:
         return
     cand.result.instance.update({"cores": cand.result.binding.get("cores"), "window_start_ns": start_ns,
                                  "pass_ends_ns": ends, "task_size": req.spec.task_size(req.batch_size, req.shape)})
+
+
+def _probe(req: RunRequest):
+    if not req.probe:
+        return None
+    from .machine_probe import MachineProbe
+
+    return MachineProbe()
 
 
 def _binding_applied() -> tuple[dict, list[str]]:
@@ -277,6 +286,10 @@ def _fill(cand: _Candidate, req: RunRequest) -> None:
     r.measured_s = round(m.measured_s, 3)
     r.stop_reason = m.stop_reason
     r.confidence_met = m.confidence_met
+    if m.rounds:
+        from .machine_probe import MachineProbe
+
+        r.probe = {"workload": MachineProbe.name, "rounds": m.rounds}
     r.peak_rss_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     r.metrics["units_per_pass"] = req.spec.task_size(req.batch_size, req.shape)
     if req.flops_per_pass:

@@ -187,3 +187,46 @@ def change_spread(log_changes) -> tuple[float, float]:
     x = np.asarray(log_changes, dtype=float)
     return (float(stats.median_abs_deviation(x, scale="normal")),
             max(1.0, MAD_EFFICIENCY * (x.size - 1)))
+
+
+MIN_PROBE_ROUNDS = 8     # rounds (over both sides) before a configuration's machine slope is estimated
+MAX_MACHINE_SLOPE = 2.0  # a model waits at most this much more than the probe for the same machine move
+
+
+def machine_slope(sides) -> float:
+    """How much a configuration's log latency moves with the machine probe's log time (machine_probe.py).
+
+    `sides`: per run, the processes as (passes, rounds) with rounds [[passes in the round, probe ms], ...].
+    Each round gives a point (log probe, log median of its passes); each side is centred on its own
+    medians first, so a real change between the runs does not enter the slope, only how the two move
+    together within a run. Theil-Sen (scipy) keeps a few odd rounds from tilting it. 0 when it is not
+    significantly positive (a quiet machine, one thread): then nothing is taken out.
+    """
+    xs, ys = [], []
+    for side in sides:
+        x, y = [], []
+        for passes, rounds in side:
+            start = 0
+            for n, probe_ms in rounds:
+                if n and probe_ms > 0:
+                    x.append(np.log(probe_ms))
+                    y.append(np.log(np.median(passes[start:start + n])))
+                start += n
+        if x:
+            xs.append(np.asarray(x) - np.median(x))
+            ys.append(np.asarray(y) - np.median(y))
+    if not xs or sum(x.size for x in xs) < MIN_PROBE_ROUNDS:
+        return 0.0
+    x, y = np.concatenate(xs), np.concatenate(ys)
+    if not np.ptp(x) > 0:
+        return 0.0
+    fit = stats.theilslopes(y, x, alpha=0.95)
+    return float(min(fit.slope, MAX_MACHINE_SLOPE)) if fit.low_slope > 0 else 0.0
+
+
+def without_machine(passes, rounds, slope: float, reference_ms: float) -> np.ndarray:
+    """The passes as if the machine probe had read `reference_ms` in every round: each round's passes
+    divided by (probe / reference) ** slope."""
+    passes = np.asarray(passes, dtype=float)
+    factors = np.concatenate([np.full(int(n), (probe_ms / reference_ms) ** slope) for n, probe_ms in rounds])
+    return passes / factors

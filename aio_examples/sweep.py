@@ -72,6 +72,8 @@ class SweepConfig:
     # has its own memory layout and placement, which moves its timings by a percent or more; repeats let a
     # comparison see that spread (compare.py) instead of mistaking it for a change.
     repeats: int = 1
+    # Every point also times the machine probe after each round (machine_probe.py), for compare.
+    probe: bool = False
 
     def __post_init__(self):
         from .backends import available_backends, get_backend
@@ -95,6 +97,8 @@ class SweepConfig:
             allocators.validate(a)
         if not isinstance(self.repeats, int) or isinstance(self.repeats, bool) or self.repeats < 1:
             raise UsageError(f"repeats {self.repeats!r} is invalid; accepted: a whole number >= 1")
+        if not isinstance(self.probe, bool):
+            raise UsageError(f"probe {self.probe!r} is invalid; accepted: true or false")
         for name in ("batch_sizes", "threads"):
             for v in getattr(self, name) or []:
                 if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -181,7 +185,7 @@ def run_point(point: Point, cfg: SweepConfig, out: Path, topology, numa_cpus=Non
         return _record(out, point, spec, "unsupported", str(exc), binding)
     argv = run_argv(point.model, dict(point.shape), backend=point.backend, precision=point.precision,
                     batch_size=point.batch_size, threads=point.threads, timeout=cfg.timeout, output=out,
-                    point_id=point.point_id, json=True)
+                    point_id=point.point_id, probe=cfg.probe, json=True)
     start = res.end_offset(out)       # read back only what this point appends, not the whole sweep again
     outcome = run_isolated(argv, cfg.point_timeout, env=env, prefix=binding.prefix())
     written = [r for r in res.records_in(out, start) if r.get("point_id") == point.point_id]

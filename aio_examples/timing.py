@@ -70,6 +70,7 @@ class Measurement:
     stop_reason: str | None = None
     error: tuple | None = None                     # (status, reason) when a pass raised
     first_output: object = None                    # what the first pass returned, for output checks
+    rounds: list = field(default_factory=list)     # [passes, machine probe ms] per round, with a probe
     cpu_ns: int = 0                                # process CPU time during measured rounds ...
     wall_ns: int = 0                               # ... and their wall time: cores actually used
     _summary: Summary | None = None
@@ -172,10 +173,12 @@ ROUND_GAP_S = 0.05
 ORDER_SEED = 1234567      # fixed: the same sequence of round orders in every run
 
 
-def measure(measurements: list[Measurement], round_s: float = 1.0, on_error=None) -> None:
+def measure(measurements: list[Measurement], round_s: float = 1.0, on_error=None, probe=None) -> None:
     """Measure several pass functions in interleaved rounds (A B C, C A B, ...) so drift hits all alike.
 
-    A single measurement simply runs to its end. A pass that raises ends that measurement only:
+    A single measurement simply runs to its end, unless a `probe` (machine_probe.MachineProbe) is given:
+    then every measurement runs in rounds, and after each of its rounds the probe's median is recorded
+    beside the round's pass count (`Measurement.rounds`). A pass that raises ends that measurement only:
     `on_error(measurement, exc)` is told, the others go on.
     """
     def guarded(m: Measurement, step) -> None:
@@ -190,7 +193,8 @@ def measure(measurements: list[Measurement], round_s: float = 1.0, on_error=None
     for m in measurements:
         if m.first_pass_ms is None:
             guarded(m, m.warm_up)
-    seconds = float("inf") if len(measurements) == 1 else round_s
+    rounds = len(measurements) > 1 or probe is not None
+    seconds = round_s if rounds else float("inf")
     shuffle = random.Random(ORDER_SEED).shuffle
     order = list(measurements)
     while not all(m.done for m in measurements):
@@ -200,7 +204,11 @@ def measure(measurements: list[Measurement], round_s: float = 1.0, on_error=None
         # next backend (measured here: OpenVINO mobilenet_v2 5.0 -> 5.2 ms right after ONNX Runtime).
         for m in order:
             if not m.done:
+                before = len(m.samples_ns)
                 guarded(m, functools.partial(m.run_for, seconds))
-                if len(measurements) > 1:
+                if rounds:
+                    time.sleep(ROUND_GAP_S)
+                if probe is not None and len(m.samples_ns) > before:
+                    m.rounds.append([len(m.samples_ns) - before, round(probe.slice(), 5)])
                     time.sleep(ROUND_GAP_S)
         shuffle(order)
