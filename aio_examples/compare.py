@@ -20,6 +20,10 @@ runs, which repeats within a run cannot show); or that scatter alone (robust, so
 that really changed do not inflate it). Without any of these the interval is the within-run term only,
 and the report says so.
 
+Where every process on both sides read the machine probe beside its passes (machine_probe.py), the
+machine's own moves are taken out of the passes first (take_out_machine), and everything above is
+computed on what is left.
+
 A status change from ok to anything else is a regression (it no longer runs, or its answer is wrong), the
 reverse an improvement. Multi-instance configurations are judged on their aggregate throughput, with the
 pooled passes of their instances for the interval.
@@ -215,7 +219,7 @@ def compare(baseline: Run, new: Run, threshold: float = DEFAULT_THRESHOLD, confi
         row = judge(key, a[key], b[key], threshold, confidence, noise.get(key))
         if key in machine:
             m = machine[key]
-            row["machine"] = m
+            row["machine_probe"] = m
             if row["latency_change"]:
                 row["why"] += (f" (machine probe {_pct(m['probe_change'])}, x{m['slope']:.2f}: raw change "
                                f"{_pct(m['raw_change'])})")
@@ -233,7 +237,9 @@ def take_out_machine(a: dict, b: dict, keys: list) -> dict:
     for key in keys:
         sides = [list(zip(e["groups"], e["rounds"], strict=True)) for e in (a[key], b[key])]
         if (not all(sides) or any(r is None for side in sides for _, r in side)
-                or not a[key]["median_ms"] or not b[key]["median_ms"]):
+                or not a[key]["median_ms"] or not b[key]["median_ms"]
+                # the probe runs on the model's threads: across thread counts it reads different work
+                or a[key]["record"]["threads"] != b[key]["record"]["threads"]):
             continue
         slope = stats.machine_slope(sides)
         logs = [np.log([p for _, rounds in side for _, p in rounds]) for side in sides]
@@ -470,12 +476,28 @@ def noise_line(c: Comparison) -> str:
     return "Between-run noise in the intervals: " + "; ".join(parts) + "."
 
 
+def machine_line(c: Comparison) -> str:
+    """What the machine probe took out, over the configurations that carried it on both sides."""
+    probed = [r["machine_probe"] for r in c.rows if r.get("machine_probe")]
+    if not probed:
+        return ""
+    moved = [m["raw_change"] - (r["latency_change"] or {}).get("rel", m["raw_change"])
+             for r, m in ((r, r["machine_probe"]) for r in c.rows if r.get("machine_probe"))]
+    probe = [m["probe_change"] for m in probed]
+    return (f"Machine probe (how fast the cores hand work over, read beside every second of passes) on both "
+            f"sides of {len(probed)} configuration(s): it changed {_pct(min(probe))} .. {_pct(max(probe))}; "
+            f"{sum(m['slope'] > 0 for m in probed)} followed it, and the changes judged are with the machine's "
+            f"share taken out ({_pct(min(moved))} .. {_pct(max(moved))} of raw change). A framework build that "
+            f"changes how its threads synchronise moves the probe too: compare the probe's change with the raw one.")
+
+
 def to_markdown(c: Comparison) -> str:
     import pandas as pd
 
     lines = [f"## Performance comparison: `{c.new.label}` vs baseline `{c.baseline.label}`", ""]
     lines += [f"> **{note}**" for note in c.notes] + ([""] if c.notes else [])
-    lines += [f"**{summary_line(c)}**", ""] + ([noise_line(c), ""] if noise_line(c) else [])
+    lines += [f"**{summary_line(c)}**", ""] + [x for line in (noise_line(c), machine_line(c)) if line
+                                                for x in (line, "")]
     for verdict, title in (("regression", "Regressions"), ("suspicious", "Suspicious"),
                            ("improvement", "Improvements"), ("unchanged", "Unchanged")):
         rows = [r for r in c.rows if r["verdict"] == verdict]
@@ -505,7 +527,7 @@ def to_html(c: Comparison) -> str:
              (f"<h1>Performance comparison</h1><p>New <code>{esc(c.new.label)}</code> against baseline "
              f"<code>{esc(c.baseline.label)}</code>; generated {datetime.now(UTC).isoformat(timespec='seconds')}.</p>")]
     parts += [f"<p class='bad'><b>{esc(note)}</b></p>" for note in c.notes]
-    parts.append(f"<p><b>{esc(summary_line(c))}</b></p><p>{esc(noise_line(c))}</p>")
+    parts.append(f"<p><b>{esc(summary_line(c))}</b></p><p>{esc(noise_line(c))}</p><p>{esc(machine_line(c))}</p>")
     for verdict in VERDICTS:
         rows = [r for r in c.rows if r["verdict"] == verdict]
         if rows:

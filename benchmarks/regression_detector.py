@@ -13,7 +13,11 @@ of any sweep given twice.
    by a deviation drawn from its backend's and thread count's observed ones (their heavy tail included),
    and keeping whether that process met its confidence target (the runner stops a process the moment its
    interval is narrow enough: recomputing the interval on resampled passes would miss it about half the
-   time, and make sides look less confident than measured ones are); the new run is slowed down by 0%,
+   time, and make sides look less confident than measured ones are). Runs that carry the machine probe
+   (the nightly sweep's probe = true) instead draw each process from the configuration's real processes
+   (either run), rebuilt from its own one-second rounds drawn with replacement, each round with the probe
+   read beside it: the machine's state and the probe's reading of it stay together. The new run is
+   slowed down by 0%,
    3%, 5%, 10% or 20%. Each pair is judged by aio_examples.compare like a real one, whole runs at a time
    (so the between-run noise is estimated as in a real comparison); --pairs configurations are counted
    per row.
@@ -49,8 +53,8 @@ def sweep(out: Path, config: Path):
 
 
 def noise_model(a: cmp.Run, b: cmp.Run):
-    """configurations: (key, normalised pass sequences with their processes' confidence_met, typical median,
-    processes a run);
+    """configurations: (key, normalised pass sequences with their processes' confidence_met and machine probe
+    rounds (None without), typical median, processes a run);
     deviations: noise group (backend, threads) -> every process's log median minus that of its
     configuration's median process (both runs); the run-to-run changes of the configurations' medians."""
     ca, cb = a.configurations(), b.configurations()
@@ -65,8 +69,13 @@ def noise_model(a: cmp.Run, b: cmp.Run):
         # on its side instead of pulling the centre, and every other process, towards it.
         deviations.setdefault(cmp.noise_group(key), []).extend(logs - np.median(logs))
         shifts.append(np.log(eb["median_ms"] / ea["median_ms"]))
-        configs.append((key, [(g / np.median(g), m) for g, m in zip(groups, ea["met"] + eb["met"], strict=True)],
-                        float(np.exp(np.median(logs))), len(ea["groups"])))
+        typical = float(np.exp(np.median(logs)))
+        # A probed process keeps its own level (the machine state its probe read); without the probe a
+        # process is its shape only, and synthetic_run draws its level from the noise group's deviations.
+        configs.append((key, [(g / (typical if r else np.median(g)), m, r)
+                              for g, m, r in zip(groups, ea["met"] + eb["met"], ea["rounds"] + eb["rounds"],
+                                                 strict=True)],
+                        typical, len(ea["groups"])))
     return configs, {k: np.array(v) for k, v in deviations.items()}, np.array(shifts)
 
 
@@ -76,24 +85,40 @@ def block_resample(rng, seq: np.ndarray) -> np.ndarray:
     return np.concatenate([seq[s:s + BLOCK] for s in starts])[:n]
 
 
-def synthetic_record(key, samples, confident: bool) -> dict:
+def round_resample(rng, seq: np.ndarray, rounds: list) -> tuple[np.ndarray, list]:
+    """A process rebuilt from its own rounds drawn with replacement: each round keeps its passes and the
+    machine probe read beside them, so the process keeps the machine state it ran in."""
+    starts = np.cumsum([0] + [n for n, _ in rounds])
+    picks = rng.integers(len(rounds), size=len(rounds))
+    return (np.concatenate([seq[starts[i]:starts[i + 1]] for i in picks]),
+            [list(rounds[i]) for i in picks])
+
+
+def synthetic_record(key, samples, confident: bool, rounds=None) -> dict:
     model, backend, precision, batch, threads, instances, _alloc, _shape, _machine = key
     s = summarize(samples)
     return {"model": model, "backend": backend, "precision": precision, "batch_size": batch, "threads": threads,
             "instances": instances, "status": "ok", "samples_ms": samples.tolist(), "latency_ms": s.to_dict(),
             "throughput": {"value": 1000.0 * batch / s.mean, "unit": "units/s"},
-            "confidence_met": confident}
+            "confidence_met": confident, "probe": {"rounds": rounds} if rounds else None}
 
 
 def synthetic_run(rng, configs, deviations, factor=1.0) -> cmp.Run:
-    """One run of every configuration: each process a real pass sequence (block-resampled) moved by a
-    process-level deviation of its noise group (backend and threads)."""
+    """One run of every configuration. Without the machine probe, each process is a real pass sequence
+    (block-resampled) moved by a process-level deviation of its noise group (backend and threads). With it,
+    each process is one of the configuration's real processes (either run) rebuilt from its own rounds
+    (round_resample): its level, its machine state and the probe's reading of it stay together, which a
+    deviation drawn apart from the probe would break."""
     records = []
     for key, sequences, median, processes in configs:
         for _ in range(processes):
-            shift = np.exp(rng.choice(deviations[cmp.noise_group(key)]))
-            seq, met = sequences[rng.integers(len(sequences))]
-            records.append(synthetic_record(key, median * factor * shift * block_resample(rng, seq), met))
+            seq, met, rounds = sequences[rng.integers(len(sequences))]
+            if rounds:
+                passes, rounds = round_resample(rng, seq, rounds)
+                records.append(synthetic_record(key, median * factor * passes, met, rounds))
+            else:
+                shift = np.exp(rng.choice(deviations[cmp.noise_group(key)]))
+                records.append(synthetic_record(key, median * factor * shift * block_resample(rng, seq), met))
     return cmp.Run("synthetic", records)
 
 

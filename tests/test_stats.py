@@ -40,3 +40,31 @@ def test_ci_narrows_with_more_samples_and_is_unknown_for_tiny_samples():
 def test_summary_of_nothing_is_an_error():
     with pytest.raises(ValueError):
         summarize([])
+
+
+def _probed_side(rng, slope, level=1.0, processes=5, rounds=10, passes=20, machine_sd=0.15):
+    """Processes whose rounds ran while the machine moved (the probe read it) and the model followed by
+    `slope`; `level` is the code's own speed."""
+    side = []
+    for _ in range(processes):
+        probe = np.exp(rng.normal(0, machine_sd, rounds)) * 0.8
+        x = np.concatenate([level * 10 * (p / 0.8) ** slope * rng.lognormal(0, 0.02, passes) for p in probe])
+        side.append((x, [[passes, float(p * rng.lognormal(0, 0.01))] for p in probe]))
+    return side
+
+
+def test_machine_slope_recovers_how_a_model_follows_the_machine():
+    from aio_examples.stats import machine_slope, without_machine
+
+    rng = np.random.default_rng(3)
+    for truth in (0.4, 1.0):
+        # A code slowdown of 20% on the second side does not enter the slope (each side is centred).
+        sides = [_probed_side(rng, truth), _probed_side(rng, truth, level=1.2)]
+        slope = machine_slope(sides)
+        assert abs(slope - truth) < 0.1
+        flat = [np.median(without_machine(x, r, slope, 0.8)) for x, r in sides[0]]
+        raw = [np.median(x) for x, _ in sides[0]]
+        assert np.std(np.log(flat)) < 0.5 * np.std(np.log(raw))
+    # A model that does not follow the probe (one thread, a quiet machine) gets nothing taken out.
+    assert machine_slope([_probed_side(rng, 0.0), _probed_side(rng, 0.0)]) < 0.05
+    assert machine_slope([_probed_side(rng, 1.0, processes=1, rounds=3)]) == 0.0   # too few rounds

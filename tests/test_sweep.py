@@ -207,6 +207,10 @@ def test_sweep_config_files_validate_and_bad_keys_are_named(tmp_path):
     bad.write_text('models = ["resnet_18"]\nbatch_sizes = [0]\n')
     with pytest.raises(UsageError, match="batch_sizes value 0"):
         SweepConfig.from_toml(bad)
+    bad.write_text('models = ["resnet_18"]\nprobe = "yes"\n')
+    with pytest.raises(UsageError, match="probe 'yes' is invalid; accepted: true or false"):
+        SweepConfig.from_toml(bad)
+    assert SweepConfig.from_toml(ROOT / "sweeps" / "nightly.toml").probe
     over = SweepConfig.from_toml(ROOT / "sweeps" / "quick.toml", {"threads": [1], "output": str(tmp_path)})
     assert over.threads == [1] and over.output == str(tmp_path)
 

@@ -186,3 +186,28 @@ def test_consume_reads_nested_outputs():
 def test_invalid_stop_rules_are_usage_errors(kwargs):
     with pytest.raises(UsageError):
         StopRule(**kwargs)
+
+
+def test_a_probe_is_read_after_every_round_of_a_lone_measurement(clock):
+    """With a machine probe even one measurement runs in rounds, and each round records how many passes
+    it made and what the probe read right after them: the passes add up, and the readings are in order."""
+    readings = iter(range(1, 1000))
+
+    class Probe:
+        def slice(self):
+            clock.ns += int(0.05e9)
+            return float(next(readings))
+
+    m = Measurement(passes(clock, [100] * 10_000), StopRule(num_runs=40))
+    measure([m], round_s=0.5, probe=Probe())
+    assert sum(n for n, _ in m.rounds) == len(m.samples_ns) == 40
+    assert [n for n, _ in m.rounds] == [5] * 8                   # 0.5 s rounds of 100 ms passes
+    assert [p for _, p in m.rounds] == [float(i) for i in range(1, 9)]
+
+
+def test_the_machine_probe_is_a_real_timed_workload():
+    from aio_examples.machine_probe import SLICE_S, MachineProbe
+
+    probe = MachineProbe()
+    readings = [probe.slice() for _ in range(3)]
+    assert all(0 < ms < 1000 * SLICE_S * 10 for ms in readings)
