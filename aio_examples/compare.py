@@ -232,7 +232,8 @@ def compare(baseline: Run, new: Run, threshold: float = DEFAULT_THRESHOLD, confi
 def take_out_machine(a: dict, b: dict, keys: list) -> dict:
     """Where every process on both sides carries the machine probe: take the machine's moves out of the
     configuration's passes (stats.machine_slope, stats.without_machine), in place, relative to the probe's
-    median over both sides. key -> {slope, probe_change, raw_change} for the configurations adjusted."""
+    median over both sides. key -> {slope, probe_change, raw_change} for every configuration that carried
+    it (a slope of 0: its latency did not follow the probe, and nothing was taken out)."""
     out = {}
     for key in keys:
         sides = [list(zip(e["groups"], e["rounds"], strict=True)) for e in (a[key], b[key])]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .errors import UsageError
 
-SCHEMA_VERSION = "1.2"
+SCHEMA_VERSION = "1.3"
 STATUSES = ("ok", "fail_accuracy", "unsupported", "failed", "timeout")
 
 
