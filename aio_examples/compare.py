@@ -216,7 +216,13 @@ def compare(baseline: Run, new: Run, threshold: float = DEFAULT_THRESHOLD, confi
     # machine's moves back in, so these configurations take their noise from the (adjusted) runs themselves.
     noise = between_run_noise(a, b, matched, {k: v for k, v in (run_noise or {}).items() if k not in machine})
     for key in matched:
-        row = judge(key, a[key], b[key], threshold, confidence, noise.get(key))
+        n = noise.get(key)
+        if key in machine and machine[key]["se_log"] > 0:      # the adjustment's own uncertainty, added
+            se = float(np.hypot(n.se, machine[key]["se_log"])) if n else machine[key]["se_log"]
+            n = Noise(se, n.dof if n else None, n.kind if n else "probe",
+                      (n.source if n else "nothing else") + f", and the machine slope's error "
+                      f"({100 * machine[key]['se_log']:.2f}%)")
+        row = judge(key, a[key], b[key], threshold, confidence, n)
         if key in machine:
             m = machine[key]
             row["machine_probe"] = m
@@ -242,10 +248,12 @@ def take_out_machine(a: dict, b: dict, keys: list) -> dict:
                 # the probe runs on the model's threads: across thread counts it reads different work
                 or a[key]["record"]["threads"] != b[key]["record"]["threads"]):
             continue
-        slope = stats.machine_slope(sides)
+        slope, slope_se = stats.machine_slope(sides)
         logs = [np.log([p for _, rounds in side for _, p in rounds]) for side in sides]
         reference = float(np.exp(np.median(np.concatenate(logs))))
-        entry = {"slope": slope, "probe_change": float(np.expm1(np.median(logs[1]) - np.median(logs[0]))),
+        moved = float(np.median(logs[1]) - np.median(logs[0]))
+        # What the slope's own error does to the change: the farther the probe moved, the more it matters.
+        entry = {"slope": slope, "probe_change": float(np.expm1(moved)), "se_log": slope_se * abs(moved),
                  "raw_change": b[key]["median_ms"] / a[key]["median_ms"] - 1}
         if slope > 0:
             for e, side in zip((a[key], b[key]), sides, strict=True):
@@ -470,7 +478,7 @@ def noise_line(c: Comparison) -> str:
     if not kinds:
         return ""
     said = {"repeats": "repeated processes", "history": "the history's run-to-run spread",
-            "spread": "the spread of the other configurations' changes"}
+            "spread": "the spread of the other configurations' changes", "probe": "the machine slope's error only"}
     parts = [f"{said[k]} for {n}" for k, n in kinds.items() if k]
     if kinds.get(None):
         parts.append(f"nothing for {kinds[None]} (their intervals cover the passes only)")

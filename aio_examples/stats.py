@@ -196,14 +196,15 @@ MIN_PROBE_ROUNDS = 8     # rounds (over both sides) before a configuration's mac
 MAX_MACHINE_SLOPE = 2.0  # a model waits at most this much more than the probe for the same machine move
 
 
-def machine_slope(sides) -> float:
+def machine_slope(sides) -> tuple[float, float]:
     """How much a configuration's log latency moves with the machine probe's log time (machine_probe.py).
 
     `sides`: per run, the processes as (passes, rounds) with rounds [[passes in the round, probe ms], ...].
     Each round gives a point (log probe, log median of its passes); each side is centred on its own
     medians first, so a real change between the runs does not enter the slope, only how the two move
-    together within a run. Theil-Sen (scipy) keeps a few odd rounds from tilting it. 0 when it is not
-    significantly positive (a quiet machine, one thread): then nothing is taken out.
+    together within a run. Theil-Sen (scipy) keeps a few odd rounds from tilting it. Returns the slope
+    and its standard error (from Theil-Sen's 95% interval); (0, 0) when it is not significantly positive
+    (a quiet machine, one thread): then nothing is taken out.
     """
     xs, ys = [], []
     for side in sides:
@@ -219,13 +220,15 @@ def machine_slope(sides) -> float:
             xs.append(np.asarray(x) - np.median(x))
             ys.append(np.asarray(y) - np.median(y))
     if not xs or sum(x.size for x in xs) < MIN_PROBE_ROUNDS:
-        return 0.0
+        return 0.0, 0.0
     x, y = np.concatenate(xs), np.concatenate(ys)
     if not np.ptp(x) > 0:
-        return 0.0
+        return 0.0, 0.0
     with np.errstate(invalid="ignore"):          # its interval is nan for a handful of rounds: then 0
         fit = stats.theilslopes(y, x, alpha=0.95)
-    return float(min(fit.slope, MAX_MACHINE_SLOPE)) if fit.low_slope > 0 else 0.0
+    if not fit.low_slope > 0:
+        return 0.0, 0.0
+    return float(min(fit.slope, MAX_MACHINE_SLOPE)), float((fit.high_slope - fit.low_slope) / (2 * 1.96))
 
 
 def without_machine(passes, rounds, slope: float, reference_ms: float) -> np.ndarray:

@@ -60,11 +60,12 @@ def test_machine_slope_recovers_how_a_model_follows_the_machine():
     for truth in (0.4, 1.0):
         # A code slowdown of 20% on the second side does not enter the slope (each side is centred).
         sides = [_probed_side(rng, truth), _probed_side(rng, truth, level=1.2)]
-        slope = machine_slope(sides)
+        slope, se = machine_slope(sides)
+        assert 0 < se < 0.1
         assert abs(slope - truth) < 0.1
         flat = [np.median(without_machine(x, r, slope, 0.8)) for x, r in sides[0]]
         raw = [np.median(x) for x, _ in sides[0]]
         assert np.std(np.log(flat)) < 0.5 * np.std(np.log(raw))
     # A model that does not follow the probe (one thread, a quiet machine) gets nothing taken out.
-    assert machine_slope([_probed_side(rng, 0.0), _probed_side(rng, 0.0)]) < 0.05
-    assert machine_slope([_probed_side(rng, 1.0, processes=1, rounds=3)]) == 0.0   # too few rounds
+    assert machine_slope([_probed_side(rng, 0.0), _probed_side(rng, 0.0)])[0] < 0.05
+    assert machine_slope([_probed_side(rng, 1.0, processes=1, rounds=3)]) == (0.0, 0.0)   # too few rounds
