@@ -487,11 +487,12 @@ def noise_line(c: Comparison) -> str:
 
 def machine_line(c: Comparison) -> str:
     """What the machine probe took out, over the configurations that carried it on both sides."""
-    probed = [r["machine_probe"] for r in c.rows if r.get("machine_probe")]
-    if not probed:
+    rows = [r for r in c.rows if r.get("machine_probe")]
+    if not rows:
         return ""
+    probed = [r["machine_probe"] for r in rows]
     moved = [m["raw_change"] - (r["latency_change"] or {}).get("rel", m["raw_change"])
-             for r, m in ((r, r["machine_probe"]) for r in c.rows if r.get("machine_probe"))]
+             for r, m in zip(rows, probed, strict=True)]
     probe = [m["probe_change"] for m in probed]
     return (f"Machine probe (how fast the cores hand work over, read beside every second of passes) on both "
             f"sides of {len(probed)} configuration(s): it changed {_pct(min(probe))} .. {_pct(max(probe))}; "

@@ -210,12 +210,10 @@ def machine_slope(sides) -> tuple[float, float]:
     for side in sides:
         x, y = [], []
         for passes, rounds in side:
-            start = 0
-            for n, probe_ms in rounds:
+            for chunk, (n, probe_ms) in zip(split_rounds(passes, rounds), rounds, strict=True):
                 if n and probe_ms > 0:
                     x.append(np.log(probe_ms))
-                    y.append(np.log(np.median(passes[start:start + n])))
-                start += n
+                    y.append(np.log(np.median(chunk)))
         if x:
             xs.append(np.asarray(x) - np.median(x))
             ys.append(np.asarray(y) - np.median(y))
@@ -234,6 +232,11 @@ def machine_slope(sides) -> tuple[float, float]:
 def without_machine(passes, rounds, slope: float, reference_ms: float) -> np.ndarray:
     """The passes as if the machine probe had read `reference_ms` in every round: each round's passes
     divided by (probe / reference) ** slope."""
-    passes = np.asarray(passes, dtype=float)
-    factors = np.concatenate([np.full(int(n), (probe_ms / reference_ms) ** slope) for n, probe_ms in rounds])
-    return passes / factors
+    chunks = split_rounds(np.asarray(passes, dtype=float), rounds)
+    return np.concatenate([chunk / (probe_ms / reference_ms) ** slope
+                           for chunk, (_, probe_ms) in zip(chunks, rounds, strict=True)])
+
+
+def split_rounds(passes, rounds) -> list:
+    """The passes of each round: `rounds` is [[passes in the round, probe ms], ...] in order."""
+    return np.split(np.asarray(passes), np.cumsum([n for n, _ in rounds])[:-1])

@@ -17,8 +17,7 @@ of any sweep given twice.
    (the nightly sweep's probe = true) instead draw each process from the configuration's real processes
    (either run), rebuilt from its own one-second rounds drawn with replacement, each round with the probe
    read beside it: the machine's state and the probe's reading of it stay together. The new run is
-   slowed down by 0%,
-   3%, 5%, 10% or 20%. Each pair is judged by aio_examples.compare like a real one, whole runs at a time
+   slowed down by 0%, 3%, 5%, 10% or 20%. Each pair is judged by aio_examples.compare like a real one, whole runs at a time
    (so the between-run noise is estimated as in a real comparison); --pairs configurations are counted
    per row.
 3. The real runs: the second against the first (nothing changed: no regression may be flagged), and the
@@ -41,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from aio_examples import compare as cmp
-from aio_examples.stats import summarize
+from aio_examples.stats import split_rounds, summarize
 
 SLOWDOWNS = (0.0, 0.03, 0.05, 0.10, 0.20)
 BLOCK = 10
@@ -88,10 +87,9 @@ def block_resample(rng, seq: np.ndarray) -> np.ndarray:
 def round_resample(rng, seq: np.ndarray, rounds: list) -> tuple[np.ndarray, list]:
     """A process rebuilt from its own rounds drawn with replacement: each round keeps its passes and the
     machine probe read beside them, so the process keeps the machine state it ran in."""
-    starts = np.cumsum([0] + [n for n, _ in rounds])
+    chunks = split_rounds(seq, rounds)
     picks = rng.integers(len(rounds), size=len(rounds))
-    return (np.concatenate([seq[starts[i]:starts[i + 1]] for i in picks]),
-            [list(rounds[i]) for i in picks])
+    return np.concatenate([chunks[i] for i in picks]), [list(rounds[i]) for i in picks]
 
 
 def synthetic_record(key, samples, confident: bool, rounds=None) -> dict:
