@@ -67,6 +67,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--point-id", default=None, help=argparse.SUPPRESS)
     p.add_argument("--instance", default=None, help=argparse.SUPPRESS)
     p.add_argument("--barrier", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--turns", default=None, help=argparse.SUPPRESS)     # READ_FD,WRITE_FD from a sweep (turns.py)
     p.add_argument("--group", default=None, help=argparse.SUPPRESS)
 
 
@@ -128,9 +129,14 @@ def do_run(model: str, args) -> int:
         from .instances import InstanceSync
 
         instance = InstanceSync.parse(args.instance, args.barrier or ".", args.group or "")
+    turns = None
+    if args.turns is not None:
+        from .turns import Turns
+
+        turns = Turns(args.turns)
     req = RunRequest(spec, backends, precisions, args.batch_size, choice, shape, args.weights, args.model_dir,
                      StopRule(timeout_s=args.timeout, num_runs=args.num_runs), instance=instance,
-                     point_id=args.point_id, probe=args.probe)
+                     point_id=args.point_id, probe=args.probe, turns=turns)
     compare = len(backends) > 1 or len(precisions) > 1
     results = run(req, out_dir, reference=compare)
     if args.json:
@@ -265,7 +271,8 @@ def do_sweep(args) -> int:
     overrides = {"models": args.models or None, "backends": args.backends, "precisions": args.precisions,
                  "batch_sizes": args.batch_sizes, "threads": args.threads, "allocators": args.allocators,
                  "timeout": args.timeout, "point_timeout": args.point_timeout, "output": args.output,
-                 "shape": shape or None, "repeats": args.repeats, "probe": args.probe or None}
+                 "shape": shape or None, "repeats": args.repeats, "probe": args.probe or None,
+                 "interleave": args.interleave}
     if args.config:
         cfg = SweepConfig.from_toml(args.config, overrides)
     else:
@@ -463,6 +470,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="measure every point this many times, each in its own process (default 1)")
     sw.add_argument("--probe", action="store_true", default=None,
                     help="every point also times the machine probe after each round (see run --probe)")
+    sw.add_argument("--interleave", type=_positive("--interleave"), default=None,
+                    help="keep this many points' processes alive and let them take one-second turns, so each "
+                         "point's passes come from moments spread over the sweep (default 1: one after another)")
     sw.add_argument("--output", default=None, help="folder of results.jsonl; rerunning resumes (default results/sweep)")
     sw.add_argument("--quiet", action="store_true", help="no progress bar (also when CI=true)")
     tp = sub.add_parser("throughput", help="N instances x T threads on disjoint cores, throughput summed")

@@ -57,13 +57,15 @@ class Isolated:
     """A `python argv...` child in its own session (so a timeout kills its whole process group), with
     an optional command prefix (numactl) binding it to cores."""
 
-    def __init__(self, argv: list[str], env: dict | None = None, cwd=None, prefix: list[str] | None = None):
+    def __init__(self, argv: list[str], env: dict | None = None, cwd=None, prefix: list[str] | None = None,
+                 pass_fds=()):
         self.start = time.perf_counter()
         env = dict(os.environ if env is None else env)
         env[DRIVER_PID_ENV] = str(os.getpid())      # the child asks to die with us (die_with_parent)
         self.err = tempfile.TemporaryFile("w+")  # noqa: SIM115  (closed in wait(), after the child ends)
         self.proc = subprocess.Popen([*(prefix or []), sys.executable, *argv], stdout=subprocess.DEVNULL,
-                                     stderr=self.err, env=env, cwd=cwd, start_new_session=True)
+                                     stderr=self.err, env=env, cwd=cwd, start_new_session=True,
+                                     pass_fds=pass_fds)
 
     def kill(self) -> None:
         try:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .errors import UsageError
 
-SCHEMA_VERSION = "1.3"
+SCHEMA_VERSION = "1.4"
 STATUSES = ("ok", "fail_accuracy", "unsupported", "failed", "timeout")
 
 
@@ -52,6 +52,7 @@ class Result:
     speedup_vs_eager_fp32: float | None = None       # only for status ok: a wrong answer is no speedup
     check: dict | None = None                        # outputs vs eager fp32, see checks.py
     probe: dict | None = None                        # machine probe per round (machine_probe.py), when asked
+    turns: list | None = None                        # [passes, start (Unix s)] per turn, taking turns (turns.py)
     strategy: str | None = None                      # how the backend ran it (the optimized backend chooses)
     warnings: list = field(default_factory=list)
     backend_info: dict = field(default_factory=dict)

@@ -42,6 +42,7 @@ class RunRequest:
     instance: object = None          # an InstanceSync: one of several processes measured side by side
     point_id: str | None = None      # the sweep point this run answers
     probe: bool = False              # measure the machine probe after every round (machine_probe.py)
+    turns: object = None             # a turns.Turns: measure a round whenever the sweep says (turns.py)
     flops_per_pass: int | None = None  # filled by run(): FLOPs of one pass (zoo models), for % of machine peak
 
     def __post_init__(self):
@@ -150,7 +151,8 @@ def run(req: RunRequest, out_dir: Path | None = None, run_id: str | None = None,
             if req.instance is not None:
                 _measure_instance(active, req)
             else:
-                measure([c.measurement for c in active], on_error=_fail_measurement, probe=_probe(req))
+                measure([c.measurement for c in active], on_error=_fail_measurement, probe=_probe(req),
+                        turns=req.turns)
     except KeyboardInterrupt:
         interrupted = True     # keep what was measured: write it, then stop
         for cand in active:
@@ -286,10 +288,12 @@ def _fill(cand: _Candidate, req: RunRequest) -> None:
     r.measured_s = round(m.measured_s, 3)
     r.stop_reason = m.stop_reason
     r.confidence_met = m.confidence_met
-    if m.rounds:
+    if m.rounds and m.rounds[0][1] is not None:
         from .machine_probe import MachineProbe
 
         r.probe = {"workload": MachineProbe.name, "rounds": m.rounds}
+    if req.turns is not None:
+        r.turns = [[n, t] for (n, _), t in zip(m.rounds, m.turn_starts, strict=True)]
     r.peak_rss_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     r.metrics["units_per_pass"] = req.spec.task_size(req.batch_size, req.shape)
     if req.flops_per_pass:

@@ -9,7 +9,9 @@ backend's tuning decisions are cached on disk (artifacts.py), so later points re
 
 import hashlib
 import json
+import math
 import os
+import random
 import sys
 import time
 import tomllib
@@ -22,7 +24,9 @@ from .binding import plan, probe
 from .errors import UnsupportedError, UsageError
 from .launch import run_argv, run_isolated
 from .log import logger
+from .timing import ORDER_SEED, ROUND_GAP_S, ROUND_S
 from .topology import numa_cpus_from_env, read_topology
+from .turns import Taker
 
 SHAPE_KEYS = ("input_size", "seq_len", "new_tokens")
 
@@ -74,6 +78,8 @@ class SweepConfig:
     repeats: int = 1
     # Every point also times the machine probe after each round (machine_probe.py), for compare.
     probe: bool = False
+    # Up to this many points' processes alive at once, taking one-second turns (turns.py); 1: one after another.
+    interleave: int = 1
 
     def __post_init__(self):
         from .backends import available_backends, get_backend
@@ -97,6 +103,9 @@ class SweepConfig:
             allocators.validate(a)
         if not isinstance(self.repeats, int) or isinstance(self.repeats, bool) or self.repeats < 1:
             raise UsageError(f"repeats {self.repeats!r} is invalid; accepted: a whole number >= 1")
+        if not isinstance(self.interleave, int) or isinstance(self.interleave, bool) or self.interleave < 1:
+            raise UsageError(f"interleave {self.interleave!r} is invalid; accepted: a whole number >= 1 "
+                             "(processes taking turns)")
         if not isinstance(self.probe, bool):
             raise UsageError(f"probe {self.probe!r} is invalid; accepted: true or false")
         for name in ("batch_sizes", "threads"):
@@ -172,8 +181,19 @@ def point_env(point: Point, binding, base=None) -> dict:
     return env
 
 
-def run_point(point: Point, cfg: SweepConfig, out: Path, topology, numa_cpus=None) -> str:
-    """Run one point in its own bound process; return the status recorded for it."""
+@dataclass
+class Launch:
+    """How one point's process is started: its argv, environment and binding (or why it cannot be)."""
+
+    point: Point
+    spec: object
+    binding: object
+    env: dict | None = None
+    argv: list | None = None
+    unsupported: str | None = None
+
+
+def launch_of(point: Point, cfg: SweepConfig, out: Path, topology, numa_cpus=None, **extra) -> Launch:
     from .models import get_model
 
     spec = get_model(point.model)
@@ -182,17 +202,85 @@ def run_point(point: Point, cfg: SweepConfig, out: Path, topology, numa_cpus=Non
     try:
         env = point_env(point, binding)
     except UnsupportedError as exc:
-        return _record(out, point, spec, "unsupported", str(exc), binding)
+        return Launch(point, spec, binding, unsupported=str(exc))
     argv = run_argv(point.model, dict(point.shape), backend=point.backend, precision=point.precision,
                     batch_size=point.batch_size, threads=point.threads, timeout=cfg.timeout, output=out,
-                    point_id=point.point_id, probe=cfg.probe, json=True)
-    start = res.end_offset(out)       # read back only what this point appends, not the whole sweep again
-    outcome = run_isolated(argv, cfg.point_timeout, env=env, prefix=binding.prefix())
-    written = [r for r in res.records_in(out, start) if r.get("point_id") == point.point_id]
+                    point_id=point.point_id, probe=cfg.probe, json=True, **extra)
+    return Launch(point, spec, binding, env, argv)
+
+
+def status_of(launch: Launch, out: Path, start: int, outcome) -> str:
+    """The status the point's process recorded (read from offset `start`), or a record of how it ended."""
+    written = [r for r in res.records_in(out, start) if r.get("point_id") == launch.point.point_id]
     if written:
         return written[-1]["status"]
     status = "timeout" if outcome.timed_out else "failed"
-    return _record(out, point, spec, status, outcome.reason, binding)
+    return _record(out, launch.point, launch.spec, status, outcome.reason, launch.binding)
+
+
+def run_point(point: Point, cfg: SweepConfig, out: Path, topology, numa_cpus=None) -> str:
+    """Run one point in its own bound process; return the status recorded for it."""
+    launch = launch_of(point, cfg, out, topology, numa_cpus)
+    if launch.unsupported:
+        return _record(out, point, launch.spec, "unsupported", launch.unsupported, launch.binding)
+    start = res.end_offset(out)       # read back only what this point appends, not the whole sweep again
+    outcome = run_isolated(launch.argv, cfg.point_timeout, env=launch.env, prefix=launch.binding.prefix())
+    return status_of(launch, out, start, outcome)
+
+
+def run_taking_turns(points: list[Point], cfg: SweepConfig, out: Path, topology, numa_cpus=None):
+    """Run `points` up to cfg.interleave at a time, their processes taking turns (turns.py); yield each
+    point's status as its record is written. A group also stops growing while the memory left is less than
+    what its largest process holds (plus a margin), so a machine smaller than the setting still runs. Ctrl-C
+    stops every process that is measuring, so it writes what it has, then stops the sweep."""
+    import psutil
+
+    queue = list(points)
+    while queue:
+        takers = []
+        try:
+            while queue and len(takers) < cfg.interleave:
+                largest = max((t.rss() for t in takers), default=0)
+                if takers and psutil.virtual_memory().available < 1.5 * largest + MEMORY_MARGIN:
+                    logger.info("sweep: %d point(s) taking turns: too little memory left for another", len(takers))
+                    break
+                # One at a time: each process prepares and warms up with the machine to itself.
+                status, taker = _start_taker(queue.pop(0), cfg, out, topology, numa_cpus)
+                if taker is None:
+                    yield status
+                else:
+                    takers.append(taker)
+            order = random.Random(ORDER_SEED)
+            while waiting := [t for t in takers if t.alive and t.turns_left > 0]:
+                order.shuffle(waiting)      # a new order each cycle: no point always follows the same one
+                for taker in waiting:
+                    time.sleep(ROUND_GAP_S)
+                    taker.turn(cfg.point_timeout)
+            while takers:                   # one record at a time, in the sweep's order
+                yield _stop_taker(takers.pop(0), cfg, out)
+        finally:
+            for taker in takers:            # interrupted: whoever measured writes what it has
+                _stop_taker(taker, cfg, out)
+
+
+MEMORY_MARGIN = 1 << 30      # bytes kept free beyond another process like the largest so far
+
+
+def _start_taker(point: Point, cfg: SweepConfig, out: Path, topology, numa_cpus):
+    """(status, None) if the point ended before it was ready (its record says why), else (None, Taker)."""
+    launch = launch_of(point, cfg, out, topology, numa_cpus)
+    if launch.unsupported:
+        return _record(out, point, launch.spec, "unsupported", launch.unsupported, launch.binding), None
+    taker = Taker.spawn(launch.argv, launch.env, launch.binding.prefix(), math.ceil(cfg.timeout / ROUND_S),
+                        context=(launch, res.end_offset(out)))
+    if taker.wait_ready(cfg.point_timeout):
+        return None, taker
+    return _stop_taker(taker, cfg, out), None
+
+
+def _stop_taker(taker: Taker, cfg: SweepConfig, out: Path) -> str:
+    launch, start = taker.context
+    return status_of(launch, out, start, taker.stop(cfg.point_timeout))
 
 
 def _record(out, point: Point, spec, status: str, reason: str, binding) -> str:
@@ -226,7 +314,13 @@ def run_sweep(cfg: SweepConfig, quiet: bool = False) -> SweepSummary:
     bar = tqdm(total=len(points), initial=len(points) - len(todo), unit="point", file=sys.stderr,
                disable=quiet or os.environ.get("CI", "").lower() in ("1", "true"), dynamic_ncols=True)
     try:
-        for point in todo:
+        if cfg.interleave > 1:
+            bar.set_postfix_str(f"{cfg.interleave} points taking turns")
+            logger.info("sweep: %d point(s), up to %d at a time taking turns", len(todo), cfg.interleave)
+            for status in run_taking_turns(todo, cfg, out, topology, numa_cpus):
+                statuses[status] = statuses.get(status, 0) + 1
+                bar.update(1)
+        for point in todo if cfg.interleave == 1 else ():
             bar.set_postfix_str(point.label)
             if bar.disable:
                 logger.info("sweep point %d/%d: %s", len(points) - len(todo) + sum(statuses.values()) + 1,

@@ -71,6 +71,7 @@ class Measurement:
     error: tuple | None = None                     # (status, reason) when a pass raised
     first_output: object = None                    # what the first pass returned, for output checks
     rounds: list = field(default_factory=list)     # [passes, machine probe ms] per round, with a probe
+    turn_starts: list = field(default_factory=list)  # when each turn began (Unix s), taking turns
     cpu_ns: int = 0                                # process CPU time during measured rounds ...
     wall_ns: int = 0                               # ... and their wall time: cores actually used
     _summary: Summary | None = None
@@ -150,8 +151,9 @@ class Measurement:
         self.stop_reason = "window"
         return ends
 
-    def run_for(self, seconds: float) -> None:
-        """Measure passes for up to `seconds` (used alone, or in interleaved rounds)."""
+    def run_for(self, seconds: float, stop_rule: bool = True) -> None:
+        """Measure passes for up to `seconds` (used alone, or in interleaved rounds); without `stop_rule`
+        only the seconds end it (the sweep that hands out turns decides when the measurement is over)."""
         start = last = time.perf_counter()
         cpu0, wall0 = time.process_time_ns(), time.perf_counter_ns()
         while not self.done:
@@ -162,24 +164,31 @@ class Measurement:
             if round_over or now - last >= 0.1 or self.rule.num_runs is not None:
                 self.measured_s += now - last
                 last = now
-                self._check_stop()
+                if stop_rule:
+                    self._check_stop()
             if round_over:
                 break
         self.cpu_ns += time.process_time_ns() - cpu0
         self.wall_ns += time.perf_counter_ns() - wall0
 
 
+ROUND_S = 1.0             # one round of passes (interleaved backends, the probe's rhythm, a sweep's turn)
 ROUND_GAP_S = 0.05
 ORDER_SEED = 1234567      # fixed: the same sequence of round orders in every run
 
 
-def measure(measurements: list[Measurement], round_s: float = 1.0, on_error=None, probe=None) -> None:
+def measure(measurements: list[Measurement], round_s: float = ROUND_S, on_error=None, probe=None,
+            turns=None) -> None:
     """Measure several pass functions in interleaved rounds (A B C, C A B, ...) so drift hits all alike.
 
     A single measurement simply runs to its end, unless a `probe` (machine_probe.MachineProbe) is given:
     then every measurement runs in rounds, and after each of its rounds the probe's median is recorded
     beside the round's pass count (`Measurement.rounds`). A pass that raises ends that measurement only:
     `on_error(measurement, exc)` is told, the others go on.
+
+    With `turns` (turns.Turns: this process is one of several points of a sweep taking turns on the
+    machine), the one measurement runs a round whenever the sweep says so, until it says stop; each round
+    is recorded in `rounds` (with the probe's reading, or None without a probe).
     """
     def guarded(m: Measurement, step) -> None:
         try:
@@ -193,6 +202,9 @@ def measure(measurements: list[Measurement], round_s: float = 1.0, on_error=None
     for m in measurements:
         if m.first_pass_ms is None:
             guarded(m, m.warm_up)
+    if turns is not None:
+        _measure_in_turns(measurements, round_s, turns, guarded, probe)
+        return
     rounds = len(measurements) > 1 or probe is not None
     seconds = round_s if rounds else float("inf")
     shuffle = random.Random(ORDER_SEED).shuffle
@@ -212,3 +224,23 @@ def measure(measurements: list[Measurement], round_s: float = 1.0, on_error=None
                     m.rounds.append([len(m.samples_ns) - before, round(probe.slice(), 5)])
                     time.sleep(ROUND_GAP_S)
         shuffle(order)
+
+
+def _measure_in_turns(measurements: list[Measurement], round_s: float, turns, guarded, probe) -> None:
+    if len(measurements) != 1:
+        raise UsageError("a process taking turns measures exactly one backend at one precision")
+    m = measurements[0]
+    turns.ready()
+    while turns.wait():
+        if not m.done:      # a failed pass ends the measurement; the turns are still answered
+            before, started = len(m.samples_ns), round(time.time(), 3)
+            guarded(m, functools.partial(m.run_for, round_s, stop_rule=False))
+            time.sleep(ROUND_GAP_S)
+            if len(m.samples_ns) > before:
+                m.rounds.append([len(m.samples_ns) - before,
+                                 round(probe.slice(), 5) if probe is not None else None])
+                m.turn_starts.append(started)
+                time.sleep(ROUND_GAP_S)
+        turns.done()
+    if not m.done:
+        m.stop_reason = "turns"
