@@ -4,8 +4,8 @@
 #   bash run_all.sh --full          every model x backend x precision x thread count (sweeps/full.toml)
 #   bash run_all.sh --config FILE   any sweep file (see sweeps/)
 #   bash run_all.sh --output DIR    where to write (default results/run_all-<profile>-<date>; reruns resume)
-#   bash run_all.sh --nightly       the nightly sweep (sweeps/nightly.toml: the quick zoo, each point in three
-#                                   processes) as a new run (results/nightly-<date-time>), stored in the history
+#   bash run_all.sh --nightly       the nightly sweep (sweeps/nightly.toml: the quick zoo, each point in two
+#                                   processes taking turns) as a new run (results/nightly-<date-time>), stored in the history
 #                                   (results/history.sqlite, or AIO_HISTORY), compared with the latest earlier
 #                                   run on this machine (or --baseline REF), regression report written;
 #                                   exit 1 on a regression. --threshold 5% sets the smallest change that matters.

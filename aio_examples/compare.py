@@ -132,7 +132,7 @@ class Run:
                 samples = pooled.get(instance.get("group")) if instance.get("aggregate") else r.get("samples_ms")
                 if samples:
                     groups.append(np.asarray(samples, dtype=float))
-                    met.append(bool(r.get("confidence_met")))
+                    met.append(confident(r))
                     probe = (r.get("probe") or {}).get("rounds")
                     rounds.append(probe if probe and sum(n for n, _ in probe) == len(samples) else None)
             medians = [(r.get("latency_ms") or {}).get("median") for r in ok]
@@ -143,8 +143,16 @@ class Run:
                 "median_ms": float(np.median(medians)) if ok and all(medians) else None,
                 "throughput": float(np.median(rates)) if ok and all(rates) else None,
                 # With several processes their median is what is judged: most must be confident.
-                "confident": bool(ok) and 2 * sum(bool(r.get("confidence_met")) for r in ok) > len(ok)}
+                "confident": bool(ok) and 2 * sum(confident(r) for r in ok) > len(ok)}
         return configs
+
+
+def confident(record: dict) -> bool:
+    """Whether a process measured as precisely as asked. One that took turns with others in a sweep
+    (turns.py) ran as long as the sweep said, on passes from many moments of the machine: a confidence
+    target on its passes, as if they were alike, says nothing about it, and how far its median moves is
+    judged from the spread of processes and runs like any other's."""
+    return bool(record.get("turns")) or bool(record.get("confidence_met"))
 
 
 def config_key(r: dict, machine: str | None, ignore=()) -> tuple:

@@ -16,12 +16,16 @@ of any sweep given twice.
    time, and make sides look less confident than measured ones are). Runs that carry the machine probe
    (the nightly sweep's probe = true) instead draw each process from the configuration's real processes
    (either run), rebuilt from its own one-second rounds drawn with replacement, each round with the probe
-   read beside it: the machine's state and the probe's reading of it stay together. The new run is
+   read beside it: the machine's state and the probe's reading of it stay together (a process that took
+   turns with the others, the nightly sweep's interleave, is rebuilt from blocks of four consecutive
+   turns: the machine's slow states outlast one turn). The new run is
    slowed down by 0%, 3%, 5%, 10% or 20%. Each pair is judged by aio_examples.compare like a real one, whole runs at a time
    (so the between-run noise is estimated as in a real comparison); --pairs configurations are counted
    per row.
-3. The real runs: the second against the first (nothing changed: no regression may be flagged), and the
-   1-thread points against the 2-thread points of the same run (a real slowdown: must be flagged).
+3. The real runs: the second against the first (nothing changed: no regression may be flagged), each
+   against the other slowed down by 5%, 10% and 20% (what a user meets: the machine's own moves between
+   the runs included; reported, not a target), and the 1-thread points against the 2-thread points of the
+   same run (a real slowdown: must be flagged).
 
 Targets: at most 2 regressions in the pure-noise pairs, at least 95% of 10% slowdowns flagged, no
 regression between the two real runs, and the real thread comparison flagged.
@@ -44,6 +48,9 @@ from aio_examples.stats import split_rounds, summarize
 
 SLOWDOWNS = (0.0, 0.03, 0.05, 0.10, 0.20)
 BLOCK = 10
+# Turns of a process that took turns with the others (sweep interleave) are drawn four at a time: one
+# process's consecutive turns are about half a minute apart, and the machine's slow states last minutes.
+TURN_BLOCK = 4
 
 
 def sweep(out: Path, config: Path):
@@ -74,7 +81,7 @@ def noise_model(a: cmp.Run, b: cmp.Run):
         configs.append((key, [(g / (typical if r else np.median(g)), m, r)
                               for g, m, r in zip(groups, ea["met"] + eb["met"], ea["rounds"] + eb["rounds"],
                                                  strict=True)],
-                        typical, len(ea["groups"])))
+                        typical, len(ea["groups"]), took_turns(ea["record"])))
     return configs, {k: np.array(v) for k, v in deviations.items()}, np.array(shifts)
 
 
@@ -84,21 +91,25 @@ def block_resample(rng, seq: np.ndarray) -> np.ndarray:
     return np.concatenate([seq[s:s + BLOCK] for s in starts])[:n]
 
 
-def round_resample(rng, seq: np.ndarray, rounds: list) -> tuple[np.ndarray, list]:
-    """A process rebuilt from its own rounds drawn with replacement: each round keeps its passes and the
-    machine probe read beside them, so the process keeps the machine state it ran in."""
+def round_resample(rng, seq: np.ndarray, rounds: list, block: int = 1) -> tuple[np.ndarray, list]:
+    """A process rebuilt from its own rounds drawn with replacement, `block` consecutive rounds at a time:
+    each round keeps its passes and the machine probe read beside them, so the process keeps the machine
+    states it ran in (and, with blocks, how long they lasted)."""
     chunks = split_rounds(seq, rounds)
-    picks = rng.integers(len(rounds), size=len(rounds))
+    n = len(rounds)
+    starts = rng.integers(max(1, n - block + 1), size=-(-n // block))
+    picks = np.concatenate([np.arange(s, min(s + block, n)) for s in starts])[:n]
     return np.concatenate([chunks[i] for i in picks]), [list(rounds[i]) for i in picks]
 
 
-def synthetic_record(key, samples, confident: bool, rounds=None) -> dict:
+def synthetic_record(key, samples, confident: bool, rounds=None, turns=False) -> dict:
     model, backend, precision, batch, threads, instances, _alloc, _shape, _machine = key
     s = summarize(samples)
     return {"model": model, "backend": backend, "precision": precision, "batch_size": batch, "threads": threads,
             "instances": instances, "status": "ok", "samples_ms": samples.tolist(), "latency_ms": s.to_dict(),
             "throughput": {"value": 1000.0 * batch / s.mean, "unit": "units/s"},
-            "confidence_met": confident, "probe": {"rounds": rounds} if rounds else None}
+            "confidence_met": confident, "probe": {"rounds": rounds} if rounds else None,
+            "turns": [[n, None] for n, _ in rounds] if turns else None}
 
 
 def synthetic_run(rng, configs, deviations, factor=1.0) -> cmp.Run:
@@ -108,12 +119,12 @@ def synthetic_run(rng, configs, deviations, factor=1.0) -> cmp.Run:
     (round_resample): its level, its machine state and the probe's reading of it stay together, which a
     deviation drawn apart from the probe would break."""
     records = []
-    for key, sequences, median, processes in configs:
+    for key, sequences, median, processes, turns in configs:
         for _ in range(processes):
             seq, met, rounds = sequences[rng.integers(len(sequences))]
             if rounds:
-                passes, rounds = round_resample(rng, seq, rounds)
-                records.append(synthetic_record(key, median * factor * passes, met, rounds))
+                passes, rounds = round_resample(rng, seq, rounds, TURN_BLOCK if turns else 1)
+                records.append(synthetic_record(key, median * factor * passes, met, rounds, turns))
             else:
                 shift = np.exp(rng.choice(deviations[cmp.noise_group(key)]))
                 records.append(synthetic_record(key, median * factor * shift * block_resample(rng, seq), met))
@@ -136,6 +147,26 @@ def synthetic(configs, deviations, pairs, threshold, seed=20261121):
                                     sum(r["threads"] == t for r in rows))
                                 for t in sorted({r["threads"] for r in rows})}
     return outcome, by_threads
+
+
+def took_turns(record: dict) -> bool:
+    return bool(record.get("turns"))
+
+
+def slowed(run: cmp.Run, factor: float) -> cmp.Run:
+    """The same run with every pass `factor` times slower (the machine probe's readings unchanged)."""
+    records = []
+    for r in run.records:
+        r = dict(r)
+        if r.get("samples_ms"):
+            r["samples_ms"] = [x * factor for x in r["samples_ms"]]
+        if r.get("latency_ms"):
+            r["latency_ms"] = {k: v * factor if isinstance(v, (int, float)) and k != "n" else v
+                               for k, v in r["latency_ms"].items()}
+        if (r.get("throughput") or {}).get("value"):
+            r["throughput"] = {**r["throughput"], "value": r["throughput"]["value"] / factor}
+        records.append(r)
+    return cmp.Run(f"{run.label} x{factor:g}", records)
 
 
 def split_threads(run: cmp.Run, threads: int) -> cmp.Run:
@@ -165,7 +196,7 @@ def main() -> int:
     configs, deviations, shifts = noise_model(a, b)
     spread = {name: 1.4826 * float(np.median(np.abs(d))) for name, d in sorted(deviations.items())}
     print(f"noise model: {len(configs)} configurations with >= 20 passes in every process, {configs[0][3]} "
-          f"process(es) per configuration and run; how far a process's median settles from its configuration's "
+          f"process(es) per configuration and run{' taking turns' if configs[0][4] else ''}; how far a process's median settles from its configuration's "
           f"(robust sd; largest): " + ", ".join(f"{b} t{t} {100 * sd:.2f}% ({100 * np.abs(deviations[(b, t)]).max():.1f}%)"
                                                 for (b, t), sd in spread.items())
           + f"; run-to-run change of a configuration: median {100 * np.median(shifts):+.2f}%, largest "
@@ -187,6 +218,15 @@ def main() -> int:
     for row in repeat.rows:
         if row["verdict"] != "unchanged":
             print(f"  {row['model']} {row['backend']} t{row['threads']}: {row['verdict']}: {row['why']}")
+    print("\nreal runs, the newer one slowed down (each real run against the other, slowed; the machine's own "
+          "moves between the runs included):")
+    real_slowed = {}
+    for slowdown in (0.05, 0.10, 0.20):
+        rows = (cmp.compare(a, slowed(b, 1 + slowdown), threshold).rows
+                + cmp.compare(b, slowed(a, 1 + slowdown), threshold).rows)
+        real_slowed[slowdown] = dict(Counter(row["verdict"] for row in rows))
+        print(f"  {100 * slowdown:g}%: {real_slowed[slowdown].get('regression', 0)} of {len(rows)} flagged "
+              f"({', '.join(f'{n} {v}' for v, n in sorted(real_slowed[slowdown].items()))})")
     fewer = cmp.compare(split_threads(a, 2), split_threads(a, 1), threshold, ignore=("threads",))
     print(f"\nreal 2 threads -> 1 thread ({first}): {cmp.summary_line(fewer)}")
     for row in fewer.rows:
@@ -208,7 +248,8 @@ def main() -> int:
         "synthetic": {str(k): v for k, v in outcome.items()},
         "synthetic_flagged_by_threads": {str(k): {str(t): list(c) for t, c in v.items()}
                                          for k, v in by_threads.items()},
-        "repeat": repeat.counts, "threads": fewer.counts, "checks": checks}, indent=1))
+        "repeat": repeat.counts, "real_slowed": {str(k): v for k, v in real_slowed.items()},
+        "threads": fewer.counts, "checks": checks}, indent=1))
     (out / "repeat.md").write_text(cmp.to_markdown(repeat))
     (out / "threads.md").write_text(cmp.to_markdown(fewer))
     return 0 if all(checks.values()) else 1

@@ -210,7 +210,11 @@ def test_sweep_config_files_validate_and_bad_keys_are_named(tmp_path):
     bad.write_text('models = ["resnet_18"]\nprobe = "yes"\n')
     with pytest.raises(UsageError, match="probe 'yes' is invalid; accepted: true or false"):
         SweepConfig.from_toml(bad)
-    assert SweepConfig.from_toml(ROOT / "sweeps" / "nightly.toml").probe
+    bad.write_text('models = ["resnet_18"]\ninterleave = 0\n')
+    with pytest.raises(UsageError, match="interleave 0 is invalid; accepted: a whole number >= 1"):
+        SweepConfig.from_toml(bad)
+    nightly = SweepConfig.from_toml(ROOT / "sweeps" / "nightly.toml")
+    assert nightly.probe and nightly.interleave > 1
     over = SweepConfig.from_toml(ROOT / "sweeps" / "quick.toml", {"threads": [1], "output": str(tmp_path)})
     assert over.threads == [1] and over.output == str(tmp_path)
 
@@ -235,3 +239,58 @@ def test_repeats_are_rounds_of_their_own_points():
     for bad in (0, -1, 1.5, True):
         with pytest.raises(UsageError, match="repeats"):
             SweepConfig(["resnet_18"], repeats=bad)
+
+
+def turn_starts(record: dict) -> list[float]:
+    return [started for _, started in record["turns"]]
+
+
+def test_points_taking_turns_interleave_their_rounds_and_one_that_dies_does_not_stop_the_others(tmp_path):
+    """interleave = 3: the points' processes are alive together and measure in turns, so each point's turns
+    fall between the others'; a point killed before it was ready gets its record, the others go on, and a
+    rerun resumes like any sweep."""
+    out = tmp_path / "sweep"
+    args = ["--backends", "eager,torchscript,onnxruntime", "--threads", "1", "--timeout", "3", "--interleave", "3"]
+    proc = sweep(out, *args, env=fault_env(tmp_path, "torchscript", "kill"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    by_backend = {r["backend"]: r for r in records(out)}
+    assert by_backend["torchscript"]["status"] == "failed" and "SIGKILL" in by_backend["torchscript"]["reason"]
+    eager, onnx = by_backend["eager"], by_backend["onnxruntime"]
+    for r in (eager, onnx):
+        assert r["status"] == "ok" and r["stop_reason"] == "turns" and len(r["turns"]) == 3, r
+        assert sum(n for n, _ in r["turns"]) == len(r["samples_ms"])
+    assert min(turn_starts(eager)) < max(turn_starts(onnx)) and min(turn_starts(onnx)) < max(turn_starts(eager))
+    again = sweep(out, *args)
+    assert again.returncode == 0 and "0 point(s) run" in again.stdout and "3 already done" in again.stdout
+
+
+def test_a_group_taking_turns_stops_growing_when_memory_is_short(tmp_path, monkeypatch):
+    """With no memory to spare for another process, each point runs alone: its turns are all its own."""
+    from aio_examples import sweep as sweep_mod
+
+    monkeypatch.setattr(sweep_mod, "MEMORY_MARGIN", 1 << 60)
+    cfg = SweepConfig(["squeezenet"], backends=["eager", "onnxruntime"], threads=[1], shape={"input_size": 32},
+                      timeout=2, point_timeout=120, interleave=2, output=str(tmp_path / "sweep"))
+    summary = sweep_mod.run_sweep(cfg, quiet=True)
+    assert summary.statuses == {"ok": 2}
+    first, second = records(tmp_path / "sweep")
+    assert max(turn_starts(first)) < min(turn_starts(second))
+
+
+@pytest.mark.slow      # a sweep of its own stopped midway: the second tier
+def test_ctrl_c_while_points_take_turns_keeps_what_each_measured(tmp_path):
+    out = tmp_path / "sweep"
+    args = [sys.executable, "-m", "aio_examples", "sweep", *SMALL, "--output", str(out), "--backends",
+            "eager,onnxruntime", "--threads", "1", "--timeout", "600", "--interleave", "2"]
+    driver = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and len(psutil.Process(driver.pid).children(recursive=True)) < 2:
+        time.sleep(0.5)
+    time.sleep(20)                         # both prepared and warmed up, taking turns
+    driver.send_signal(signal.SIGINT)
+    stdout, stderr = driver.communicate(timeout=300)
+    assert driver.returncode == 130, stderr
+    assert "sweep interrupted" in stdout
+    kept = records(out)
+    assert [r["status"] for r in kept] == ["ok", "ok"], kept
+    assert all(1 <= len(r["turns"]) < 600 and r["samples_ms"] for r in kept)

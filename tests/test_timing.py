@@ -31,6 +31,9 @@ class FakeClock:
         self.ns += int(seconds * 1e9)
         self.slept.append(seconds)
 
+    def time(self):
+        return 1.8e9 + self.ns / 1e9
+
 
 @pytest.fixture
 def clock(monkeypatch):
@@ -211,3 +214,70 @@ def test_the_machine_probe_is_a_real_timed_workload():
     probe = MachineProbe()
     readings = [probe.slice() for _ in range(3)]
     assert all(0 < ms < 1000 * SLICE_S * 10 for ms in readings)
+
+
+def sweep_side(commands: list[str]):
+    """The sweep's end of real pipes to a point taking turns: (Turns for the point, thread that sends
+    `commands` one at a time, each after the point's answer, and what the point answered)."""
+    import os
+    import threading
+    from multiprocessing.connection import Connection
+
+    from aio_examples.turns import Turns
+
+    to_r, to_w = os.pipe()
+    from_r, from_w = os.pipe()
+    to_point, from_point = Connection(to_w, readable=False), Connection(from_r, writable=False)
+    heard = []
+
+    def drive():
+        heard.append(from_point.recv())
+        for command in commands:
+            to_point.send(command)
+            if command == "go":
+                heard.append(from_point.recv())
+    return Turns(f"{to_r},{from_w}"), threading.Thread(target=drive), heard
+
+
+def test_taking_turns_runs_one_round_per_go_until_stop_whatever_the_stop_rule_says(clock):
+    """A point taking turns says ready once warmed up, measures exactly one round for each go (its own
+    stop rule would have stopped it after 2 s: the sweep decides), answers done, and stops on stop; each
+    turn keeps its passes, the probe's reading and when it began."""
+    turns, driver, heard = sweep_side(["go"] * 6 + ["stop"])
+    readings = iter(range(1, 1000))
+
+    class Probe:
+        def slice(self):
+            clock.ns += int(0.05e9)
+            return float(next(readings))
+
+    m = Measurement(passes(clock, [100] * 10_000), StopRule(timeout_s=2.0))
+    driver.start()
+    measure([m], round_s=0.5, probe=Probe(), turns=turns)
+    driver.join(timeout=10)
+    assert heard == ["ready"] + ["done"] * 6
+    assert [n for n, _ in m.rounds] == [5] * 6 and sum(n for n, _ in m.rounds) == len(m.samples_ns)
+    assert [p for _, p in m.rounds] == [float(i) for i in range(1, 7)]
+    assert m.stop_reason == "turns" and len(m.turn_starts) == 6
+    assert all(b - a >= 0.5 for a, b in zip(m.turn_starts, m.turn_starts[1:]))
+
+
+def test_a_point_whose_pass_fails_still_answers_every_turn(clock):
+    """A failure ends the measurement, not the conversation: the sweep is never left waiting."""
+    def broken():
+        raise RuntimeError("boom")
+
+    turns, driver, heard = sweep_side(["go"] * 3 + ["stop"])
+    m = Measurement(broken, StopRule(timeout_s=2.0), first_pass_ms=1.0)     # warmed up already
+    seen = []
+    driver.start()
+    measure([m], turns=turns, on_error=lambda m, exc: seen.append(str(exc)))
+    driver.join(timeout=10)
+    assert heard == ["ready", "done", "done", "done"] and seen == ["boom"]
+    assert m.stop_reason == "error" and m.rounds == []
+
+
+def test_a_point_taking_turns_measures_one_backend():
+    turns, _, _ = sweep_side([])
+    with pytest.raises(UsageError, match="exactly one backend"):
+        measure([Measurement(lambda: None, StopRule(), first_pass_ms=1.0)] * 2, turns=turns)
