@@ -126,7 +126,7 @@ class Run:
         for key, records in by_key.items():
             ok = [r for r in records if r["status"] == "ok"]
             bad = [r for r in records if r["status"] != "ok"]
-            groups, met, rounds = [], [], []
+            groups, met, rounds, turns = [], [], [], []
             for r in ok:
                 instance = r.get("instance") or {}
                 samples = pooled.get(instance.get("group")) if instance.get("aggregate") else r.get("samples_ms")
@@ -135,10 +135,13 @@ class Run:
                     met.append(confident(r))
                     probe = (r.get("probe") or {}).get("rounds")
                     rounds.append(probe if probe and sum(n for n, _ in probe) == len(samples) else None)
+                    took = [n for n, _ in r.get("turns") or []]
+                    turns.append(took if took and sum(took) == len(samples) else None)
             medians = [(r.get("latency_ms") or {}).get("median") for r in ok]
             rates = [(r.get("throughput") or {}).get("value") for r in ok]
             configs[key] = {
                 "record": bad[0] if bad else records[-1], "groups": groups, "met": met, "rounds": rounds,
+                "turns": turns,
                 "repeats": len(records),
                 "median_ms": float(np.median(medians)) if ok and all(medians) else None,
                 "throughput": float(np.median(rates)) if ok and all(rates) else None,
@@ -280,7 +283,7 @@ class Noise:
 
     se: float
     dof: float | None
-    kind: str            # history | repeats | spread
+    kind: str            # history | turns | repeats | spread
     source: str
 
 
@@ -323,15 +326,24 @@ def between_run_noise(a: dict, b: dict, keys: list, run_noise: dict) -> dict:
     for key in keys:
         ka, kb = len(a[key]["groups"]), len(b[key]["groups"])
         sd, dof = pooled.get(noise_group(key), (float("nan"), 0))
+        turns = [stats.turn_noise(c["groups"], c["turns"]) for c in (a[key], b[key])]
+        (wide, wide_dof), n = spread.get(_threads(key), ((0.0, 0), 0))
         if run_noise.get(key):
             run_sd, run_dof = run_noise[key]
             out[key] = Noise(float(np.sqrt(2) * run_sd), run_dof, "history",
                              f"the history's run-to-run spread (sd {100 * run_sd:.2f}%, {run_dof:.0f} df)")
+        elif all(d > 0 for _, d in turns):    # processes that took turns: their own turns tell their noise
+            se = float(np.hypot(turns[0][0], turns[1][0]))
+            if se >= wide:
+                out[key] = Noise(se, turns[0][1] + turns[1][1], "turns",
+                                 f"the processes' turns (sd {100 * se:.2f}% of the change)")
+            else:
+                out[key] = Noise(wide, wide_dof, "spread", f"the spread of {n} configurations' changes "
+                                 f"(sd {100 * wide:.2f}%, wider than the turns' {100 * se:.2f}%)")
         elif dof > 0 and ka and kb:           # few degrees of freedom widen it through Student's t
             se = float(sd * np.sqrt(stats.median_variance(ka) + stats.median_variance(kb)))
             # Repeats within a run cannot see the machine move between runs; the changes of the other
             # configurations can: the wider of the two is taken.
-            (wide, wide_dof), n = spread.get(_threads(key), ((0.0, 0), 0))
             if se >= wide:
                 out[key] = Noise(se, dof, "repeats", f"repeated processes (sd {100 * sd:.2f}% a process, {dof:.0f} df)")
             else:
@@ -486,6 +498,7 @@ def noise_line(c: Comparison) -> str:
     if not kinds:
         return ""
     said = {"repeats": "repeated processes", "history": "the history's run-to-run spread",
+            "turns": "the spread of the processes' turns",
             "spread": "the spread of the other configurations' changes", "probe": "the machine slope's error only"}
     parts = [f"{said[k]} for {n}" for k, n in kinds.items() if k]
     if kinds.get(None):

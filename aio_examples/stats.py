@@ -175,6 +175,32 @@ def median_variance(k: int) -> float:
     return _MEDIAN_VARIANCE.get(k, np.pi / (2 * k))
 
 
+MIN_TURNS = 5            # turns a process needs before they tell how much its median moves
+
+
+def turn_noise(groups, turns) -> tuple[float, float]:
+    """How much a side's median moves with the moments its processes measured at, from their turns: the
+    sd of the log side median, and its degrees of freedom; (nan, 0) unless every process took MIN_TURNS.
+
+    `groups`: each process's passes; `turns`: each one's passes per turn, in order (turns.py). A process
+    that took turns in a sweep measured at moments spread over it, each turn a draw of the machine's
+    state: the spread of its turn medians (outliers set aside as in change_spread) gives how much the
+    median of its T turns moves (pi/2 sd^2/T), with T - 1 degrees of freedom per process, where two or
+    three processes alone would give one or two.
+    """
+    if not groups:
+        return float("nan"), 0
+    variances, dof = [], 0.0
+    for passes, counts in zip(groups, turns, strict=True):
+        if not counts or len(counts) < MIN_TURNS:
+            return float("nan"), 0
+        medians = np.log([np.median(c) for c in split_rounds(passes, [[n, None] for n in counts]) if len(c)])
+        sd, d = change_spread(medians)
+        variances.append(np.pi / 2 * sd ** 2 / medians.size)
+        dof += d
+    return float(np.sqrt(median_variance(len(groups)) * np.mean(variances))), dof
+
+
 def change_spread(log_changes) -> tuple[float, float]:
     """Standard deviation of run-to-run log changes over many configurations, and its degrees of freedom.
 

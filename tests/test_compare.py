@@ -527,3 +527,42 @@ def test_the_machine_probe_takes_the_machines_move_out_but_not_the_codes():
     # A side without the probe: nothing is adjusted, the raw change is judged.
     plain = cmp.Run("b", [{**r, "probe": None} for r in probed_run(rng, "b", machine=1.3).records])
     assert "machine_probe" not in cmp.compare(base, plain).rows[0]
+
+
+def turned_run(rng, label, configs: int = 12, code=None, turn_sd=0.08, moved=None) -> cmp.Run:
+    """Configurations (threads 1..n) each in two processes that took 20 turns with the others in a sweep:
+    every turn at its own machine state (lognormal, turn_sd); `code`: threads -> slowdown; `moved`: one
+    whole-run factor per configuration (the machine between the runs)."""
+    records = []
+    for threads in range(1, configs + 1):
+        for _ in range(2):
+            states = np.exp(rng.normal(0, turn_sd, 20)) * (moved[threads - 1] if moved else 1.0)
+            x = np.concatenate([20 * (code or {}).get(threads, 1.0) * s * rng.lognormal(0, 0.02, 30)
+                                for s in states])
+            r = record(x, threads=threads, confident=False)        # the pass-level target is no use here
+            r.turns = [[30, 1.8e9 + i] for i in range(20)]
+            records.append(r.to_dict())
+    return cmp.Run(label, records)
+
+
+def test_processes_that_took_turns_take_their_noise_from_their_turns():
+    """Twelve configurations, two processes a side of twenty turns each, the machine's state wandering 8%
+    from turn to turn: the interval comes from the turns (narrower than two processes alone could tell,
+    with their degrees of freedom), a 15% slowdown is a regression although no process met a pass-level
+    confidence target, and the others are unchanged. If the whole runs moved apart more than the turns
+    say, the scatter of the changes is used instead."""
+    rng = np.random.default_rng(8)
+    rows = {r["threads"]: r for r in cmp.compare(turned_run(rng, "a"), turned_run(rng, "b", code={3: 1.15})).rows}
+    # Each takes the wider of its turns' and the changes' scatter: both are estimates, and the turns' wins
+    # for most.
+    kinds = [r["noise"]["kind"] for r in rows.values()]
+    assert set(kinds) <= {"turns", "spread"} and kinds.count("turns") >= 8, kinds
+    assert all(r["noise"]["dof"] >= 70 for r in rows.values() if r["noise"]["kind"] == "turns")
+    assert rows[3]["verdict"] == "regression" and rows[3]["new_confident"]
+    assert {r["verdict"] for t, r in rows.items() if t != 3} == {"unchanged"}
+    assert "the spread of the processes' turns for" in cmp.noise_line(cmp.compare(turned_run(rng, "a"),
+                                                                                   turned_run(rng, "b")))
+    moved = [float(np.exp(rng.normal(0, 0.06))) for _ in range(12)]
+    wide = cmp.compare(turned_run(rng, "a"), turned_run(rng, "b", moved=moved)).rows
+    assert {r["noise"]["kind"] for r in wide} == {"spread"}
+    assert all("wider than the turns'" in r["noise"]["source"] for r in wide)

@@ -69,3 +69,27 @@ def test_machine_slope_recovers_how_a_model_follows_the_machine():
     # A model that does not follow the probe (one thread, a quiet machine) gets nothing taken out.
     assert machine_slope([_probed_side(rng, 0.0), _probed_side(rng, 0.0)])[0] < 0.05
     assert machine_slope([_probed_side(rng, 1.0, processes=1, rounds=3)]) == (0.0, 0.0)   # too few rounds
+
+
+def turned_process(rng, turns: int, turn_sd: float, passes: int = 25, level: float = 1.0):
+    """Passes of a process that took `turns` turns, each at its own machine state (lognormal, turn_sd)."""
+    states = level * np.exp(rng.normal(0, turn_sd, turns))
+    return np.concatenate([s * 10 * rng.lognormal(0, 0.01, passes) for s in states]), [passes] * turns
+
+
+def test_turn_noise_is_how_much_the_median_of_the_turns_moves():
+    """Against the sd of the side median over many simulated sides: the turns' estimate is close, grows
+    with the turns' spread, has up to T - 1 degrees of freedom per process, and needs enough turns."""
+    from aio_examples.stats import median_variance, turn_noise
+
+    rng = np.random.default_rng(3)
+    for turn_sd in (0.05, 0.15):
+        sides = [[turned_process(rng, 20, turn_sd) for _ in range(2)] for _ in range(400)]
+        truth = np.std([np.log(np.median([np.median(g) for g, _ in side])) for side in sides])
+        estimates = [turn_noise([g for g, _ in side], [t for _, t in side]) for side in sides[:40]]
+        assert all(34 <= dof <= 38 for _, dof in estimates)      # a turn far out is set aside
+        assert np.median([se for se, _ in estimates]) == pytest.approx(truth, rel=0.3)
+        assert np.median([se for se, _ in estimates]) == pytest.approx(
+            turn_sd * np.sqrt(np.pi / 2 / 20 * median_variance(2)), rel=0.3)
+    g, t = turned_process(rng, 4, 0.1)
+    assert turn_noise([g], [t])[1] == 0 and turn_noise([g], [None])[1] == 0

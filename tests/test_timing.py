@@ -191,18 +191,22 @@ def test_invalid_stop_rules_are_usage_errors(kwargs):
         StopRule(**kwargs)
 
 
+class CountingProbe:
+    """A machine probe that takes 50 ms of the fake clock and reads 1, 2, 3, ..."""
+
+    def __init__(self, clock):
+        self.clock, self.readings = clock, iter(range(1, 1000))
+
+    def slice(self):
+        self.clock.ns += int(0.05e9)
+        return float(next(self.readings))
+
+
 def test_a_probe_is_read_after_every_round_of_a_lone_measurement(clock):
     """With a machine probe even one measurement runs in rounds, and each round records how many passes
     it made and what the probe read right after them: the passes add up, and the readings are in order."""
-    readings = iter(range(1, 1000))
-
-    class Probe:
-        def slice(self):
-            clock.ns += int(0.05e9)
-            return float(next(readings))
-
     m = Measurement(passes(clock, [100] * 10_000), StopRule(num_runs=40))
-    measure([m], round_s=0.5, probe=Probe())
+    measure([m], round_s=0.5, probe=CountingProbe(clock))
     assert sum(n for n, _ in m.rounds) == len(m.samples_ns) == 40
     assert [n for n, _ in m.rounds] == [5] * 8                   # 0.5 s rounds of 100 ms passes
     assert [p for _, p in m.rounds] == [float(i) for i in range(1, 9)]
@@ -244,16 +248,9 @@ def test_taking_turns_runs_one_round_per_go_until_stop_whatever_the_stop_rule_sa
     stop rule would have stopped it after 2 s: the sweep decides), answers done, and stops on stop; each
     turn keeps its passes, the probe's reading and when it began."""
     turns, driver, heard = sweep_side(["go"] * 6 + ["stop"])
-    readings = iter(range(1, 1000))
-
-    class Probe:
-        def slice(self):
-            clock.ns += int(0.05e9)
-            return float(next(readings))
-
     m = Measurement(passes(clock, [100] * 10_000), StopRule(timeout_s=2.0))
     driver.start()
-    measure([m], round_s=0.5, probe=Probe(), turns=turns)
+    measure([m], round_s=0.5, probe=CountingProbe(clock), turns=turns)
     driver.join(timeout=10)
     assert heard == ["ready"] + ["done"] * 6
     assert [n for n, _ in m.rounds] == [5] * 6 and sum(n for n, _ in m.rounds) == len(m.samples_ns)
