@@ -12,7 +12,9 @@ latency (and of throughput) gets a confidence interval, and a verdict:
 The interval has two terms, added on the log scale. The passes of each process give the within-run term
 (a bootstrap). A whole process also settles a percent or more away from the next one (memory layout,
 placement, the neighbours of a shared machine), which no number of passes in one process shows; that
-between-run term comes from, in order: the history's run-to-run spread of the configuration; the spread of
+between-run term comes from, in order: the history's run-to-run spread of the configuration; for
+processes that took turns with the rest of their sweep (turns.py), how far their turn medians scatter
+(stats.turn_noise), unless the changes of the configurations at its thread count scatter wider; the spread of
 a run's repeated processes (pooled over configurations of the same backend and thread count, disturbed
 processes set aside; such a configuration is judged on the median of its processes), unless the changes
 of the matched configurations at its thread count scatter wider (the machine itself moved between the
