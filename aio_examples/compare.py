@@ -258,8 +258,10 @@ def take_out_machine(a: dict, b: dict, keys: list) -> dict:
         sides = [list(zip(e["groups"], e["rounds"], strict=True)) for e in (a[key], b[key])]
         if (not all(sides) or any(r is None for side in sides for _, r in side)
                 or not a[key]["median_ms"] or not b[key]["median_ms"]
-                # the probe runs on the model's threads: across thread counts it reads different work
-                or a[key]["record"]["threads"] != b[key]["record"]["threads"]):
+                # the probe runs on the model's threads: across thread counts it reads different work,
+                # and on one thread there is no hand-over between cores for it to read
+                or a[key]["record"]["threads"] != b[key]["record"]["threads"]
+                or a[key]["record"]["threads"] < 2):
             continue
         slope, slope_se = stats.machine_slope(sides)
         logs = [np.log([p for _, rounds in side for _, p in rounds]) for side in sides]

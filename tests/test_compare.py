@@ -524,6 +524,9 @@ def test_the_machine_probe_takes_the_machines_move_out_but_not_the_codes():
     # The probe runs on the model's threads: 2 threads against 1 is not adjusted.
     fewer = cmp.compare(base, probed_run(rng, "b", machine=1.3, threads=1), ignore=("threads",)).rows[0]
     assert "machine_probe" not in fewer and fewer["verdict"] == "regression"
+    # On one thread the probe has no hand-over between cores to read: nothing is taken out.
+    alone = cmp.compare(probed_run(rng, "a", threads=1), probed_run(rng, "b", machine=1.3, threads=1)).rows[0]
+    assert "machine_probe" not in alone and alone["latency_change"]["rel"] > 0.15
     # A side without the probe: nothing is adjusted, the raw change is judged.
     plain = cmp.Run("b", [{**r, "probe": None} for r in probed_run(rng, "b", machine=1.3).records])
     assert "machine_probe" not in cmp.compare(base, plain).rows[0]
