@@ -181,6 +181,8 @@ def main() -> int:
     p.add_argument("--output", default="results/regression-detector", help="where to write runs and the verdict")
     p.add_argument("--pairs", type=int, default=200)
     p.add_argument("--threshold", default="5%")
+    p.add_argument("--seed", type=int, default=20261121, help="of the synthetic pairs: another seed, other pairs "
+                   "from the same noise (how much the counts themselves vary)")
     args = p.parse_args()
     threshold = cmp.parse_threshold(args.threshold)
     out = Path(args.output)
@@ -201,7 +203,7 @@ def main() -> int:
                                                 for (b, t), sd in spread.items())
           + f"; run-to-run change of a configuration: median {100 * np.median(shifts):+.2f}%, largest "
           f"{100 * np.max(np.abs(shifts)):.2f}%")
-    outcome, by_threads = synthetic(configs, deviations, args.pairs, threshold)
+    outcome, by_threads = synthetic(configs, deviations, args.pairs, threshold, args.seed)
     print(f"\nsynthetic pairs ({args.pairs} per row, threshold {100 * threshold:g}%):\n")
     print("| injected slowdown | regression | suspicious | unchanged | improvement |")
     print("|---|---|---|---|---|")
