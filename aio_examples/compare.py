@@ -137,8 +137,8 @@ class Run:
                     met.append(confident(r))
                     probe = (r.get("probe") or {}).get("rounds")
                     rounds.append(probe if probe and sum(n for n, _ in probe) == len(samples) else None)
-                    took = [n for n, _ in r.get("turns") or []]
-                    turns.append(took if took and sum(took) == len(samples) else None)
+                    took = r.get("turns")
+                    turns.append(took if took and sum(n for n, _ in took) == len(samples) else None)
             medians = [(r.get("latency_ms") or {}).get("median") for r in ok]
             rates = [(r.get("throughput") or {}).get("value") for r in ok]
             configs[key] = {
@@ -336,27 +336,30 @@ def between_run_noise(a: dict, b: dict, keys: list, run_noise: dict) -> dict:
             run_sd, run_dof = run_noise[key]
             out[key] = Noise(float(np.sqrt(2) * run_sd), run_dof, "history",
                              f"the history's run-to-run spread (sd {100 * run_sd:.2f}%, {run_dof:.0f} df)")
+        # Turns and repeats within a run cannot see the machine move between runs; the changes of the other
+        # configurations can: the wider of the two is taken.
         elif all(d > 0 for _, d in turns):    # processes that took turns: their own turns tell their noise
             se = float(np.hypot(turns[0][0], turns[1][0]))
-            if se >= wide:
-                out[key] = Noise(se, turns[0][1] + turns[1][1], "turns",
-                                 f"the processes' turns (sd {100 * se:.2f}% of the change)")
-            else:
-                out[key] = Noise(wide, wide_dof, "spread", f"the spread of {n} configurations' changes "
-                                 f"(sd {100 * wide:.2f}%, wider than the turns' {100 * se:.2f}%)")
+            out[key] = _unless_wider(Noise(se, turns[0][1] + turns[1][1], "turns",
+                                           f"the processes' turns (sd {100 * se:.2f}% of the change)"),
+                                     wide, wide_dof, n)
         elif dof > 0 and ka and kb:           # few degrees of freedom widen it through Student's t
             se = float(sd * np.sqrt(stats.median_variance(ka) + stats.median_variance(kb)))
-            # Repeats within a run cannot see the machine move between runs; the changes of the other
-            # configurations can: the wider of the two is taken.
-            if se >= wide:
-                out[key] = Noise(se, dof, "repeats", f"repeated processes (sd {100 * sd:.2f}% a process, {dof:.0f} df)")
-            else:
-                out[key] = Noise(wide, wide_dof, "spread", f"the spread of {n} configurations' changes "
-                                 f"(sd {100 * wide:.2f}%, wider than the repeats' {100 * se:.2f}%)")
+            out[key] = _unless_wider(Noise(se, dof, "repeats",
+                                           f"repeated processes (sd {100 * sd:.2f}% a process, {dof:.0f} df)"),
+                                     wide, wide_dof, n)
         elif _threads(key) in spread:
             (sd, dof), n = spread[_threads(key)]
             out[key] = Noise(sd, dof, "spread", f"the spread of {n} configurations' changes (sd {100 * sd:.2f}%)")
     return out
+
+
+def _unless_wider(own: Noise, wide: float, wide_dof: float, n: int) -> Noise:
+    """A configuration's own noise, or the spread of `n` configurations' changes where that is wider."""
+    if own.se >= wide:
+        return own
+    return Noise(wide, wide_dof, "spread", f"the spread of {n} configurations' changes "
+                 f"(sd {100 * wide:.2f}%, wider than the {own.kind}' {100 * own.se:.2f}%)")
 
 
 def _differences(baseline: Run, new: Run, ignore) -> list[str]:

@@ -182,7 +182,8 @@ def turn_noise(groups, turns) -> tuple[float, float]:
     """How much a side's median moves with the moments its processes measured at, from their turns: the
     sd of the log side median, and its degrees of freedom; (nan, 0) unless every process took MIN_TURNS.
 
-    `groups`: each process's passes; `turns`: each one's passes per turn, in order (turns.py). A process
+    `groups`: each process's passes; `turns`: each one's [[passes, start], ...] per turn, in order (turns.py,
+    a record's `turns`). A process
     that took turns in a sweep measured at moments spread over it, each turn a draw of the machine's
     state: the spread of its turn medians (outliers set aside as in change_spread) gives how much the
     median of its T turns moves (pi/2 sd^2/T), with T - 1 degrees of freedom per process, where two or
@@ -194,7 +195,7 @@ def turn_noise(groups, turns) -> tuple[float, float]:
     for passes, counts in zip(groups, turns, strict=True):
         if not counts or len(counts) < MIN_TURNS:
             return float("nan"), 0
-        medians = np.log([np.median(c) for c in split_rounds(passes, [[n, None] for n in counts]) if len(c)])
+        medians = np.log([np.median(c) for c in split_rounds(passes, counts) if len(c)])
         sd, d = change_spread(medians)
         variances.append(np.pi / 2 * sd ** 2 / medians.size)
         dof += d
@@ -264,5 +265,5 @@ def without_machine(passes, rounds, slope: float, reference_ms: float) -> np.nda
 
 
 def split_rounds(passes, rounds) -> list:
-    """The passes of each round: `rounds` is [[passes in the round, probe ms], ...] in order."""
+    """The passes of each round: `rounds` is [[passes in the round, ...], ...] in order (probe rounds, turns)."""
     return np.split(np.asarray(passes), np.cumsum([n for n, _ in rounds])[:-1])

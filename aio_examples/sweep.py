@@ -320,14 +320,15 @@ def run_sweep(cfg: SweepConfig, quiet: bool = False) -> SweepSummary:
             for status in run_taking_turns(todo, cfg, out, topology, numa_cpus):
                 statuses[status] = statuses.get(status, 0) + 1
                 bar.update(1)
-        for point in todo if cfg.interleave == 1 else ():
-            bar.set_postfix_str(point.label)
-            if bar.disable:
-                logger.info("sweep point %d/%d: %s", len(points) - len(todo) + sum(statuses.values()) + 1,
-                            len(points), point.label)
-            status = run_point(point, cfg, out, topology, numa_cpus)
-            statuses[status] = statuses.get(status, 0) + 1
-            bar.update(1)
+        else:
+            for point in todo:
+                bar.set_postfix_str(point.label)
+                if bar.disable:
+                    logger.info("sweep point %d/%d: %s", len(points) - len(todo) + sum(statuses.values()) + 1,
+                                len(points), point.label)
+                status = run_point(point, cfg, out, topology, numa_cpus)
+                statuses[status] = statuses.get(status, 0) + 1
+                bar.update(1)
     except KeyboardInterrupt:
         interrupted = True
     finally:

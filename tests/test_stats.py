@@ -74,7 +74,8 @@ def test_machine_slope_recovers_how_a_model_follows_the_machine():
 def turned_process(rng, turns: int, turn_sd: float, passes: int = 25, level: float = 1.0):
     """Passes of a process that took `turns` turns, each at its own machine state (lognormal, turn_sd)."""
     states = level * np.exp(rng.normal(0, turn_sd, turns))
-    return np.concatenate([s * 10 * rng.lognormal(0, 0.01, passes) for s in states]), [passes] * turns
+    return (np.concatenate([s * 10 * rng.lognormal(0, 0.01, passes) for s in states]),
+            [[passes, 1.8e9 + i] for i in range(turns)])
 
 
 def test_turn_noise_is_how_much_the_median_of_the_turns_moves():
