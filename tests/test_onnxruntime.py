@@ -1,5 +1,8 @@
 """ONNX Runtime backend and the ONNX export cache, on real exports of tiny models."""
 
+import tempfile
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -90,6 +93,17 @@ def test_a_session_made_with_one_thread_has_one_intra_op_thread():
     model, inputs = _model(TinyMLP), (torch.randn(4, 32),)
     path, _ = export_onnx(model, inputs, _ctx(model, "mlp"))
     assert session_info(make_session(path, 1))["intra_op_num_threads"] == 1
+
+
+def test_preparing_leaves_no_profile_file_behind_whether_the_session_loads_or_not(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))     # where ORT's profile would land
+    model, inputs = _model(TinyMLP, seed=3), (torch.randn(4, 32),)
+    prepared = _prepare(model, inputs, "fp32", "mlp-profile")
+    assert prepared.info["kernels_by_input_type"]               # the profiled pass was read
+    Path(prepared.info["onnx_path"]).write_bytes(b"not an onnx graph")    # a damaged cached export
+    with pytest.raises(UnsupportedError, match="cannot load the graph"):
+        _prepare(model, inputs, "fp32", "mlp-profile")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_export_is_cached_and_keyed_by_weights_and_input_shape():

@@ -56,18 +56,22 @@ class OnnxRuntimeBackend(Backend):
         else:
             path, info = export_onnx(model, example_inputs, ctx, precision)
             inputs, mode = prec.cast_tree(tuple(example_inputs), prec.dtype(precision)), "native"
-        sess = make_session(path, threads, profile=True)
-        graph_inputs = {i.name for i in sess.get_inputs()}     # an exporter may drop inputs the graph never reads
-        feed = {n: _to_numpy(t) for n, t in zip(input_names(inputs), inputs) if n in graph_inputs}
-        names, arrays = tuple(feed), tuple(feed.values())
-        try:
-            kernels = _profiled_kernels(sess, feed)
-        except Exception as exc:  # ORT's own error types: a node it cannot execute on this graph and input
-            # e.g. int8 retinanet: no box passes the score threshold, and Reshape(-1) of an empty tensor fails.
-            text = str(exc).strip().splitlines()[0]
-            failed = re.search(r"running (\w+) node.* was false\. (.*)", text)    # the op and ORT's own words
-            text = f"{failed[1]}: {failed[2]}" if failed else re.sub(r"\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
-            raise UnsupportedError(f"ONNX Runtime cannot run the graph on this input: {text[:300]}") from exc
+        # ORT opens its profile file when the session is made and fills it only when profiling ends: a session
+        # that fails to load or to run would leave it behind, one file per unsupported point.
+        with tempfile.TemporaryDirectory(prefix="aio-ort-profile-") as profile_dir:
+            sess = make_session(path, threads, profile_dir=profile_dir)
+            graph_inputs = {i.name for i in sess.get_inputs()}   # an exporter may drop inputs the graph never reads
+            feed = {n: _to_numpy(t) for n, t in zip(input_names(inputs), inputs) if n in graph_inputs}
+            names, arrays = tuple(feed), tuple(feed.values())
+            try:
+                kernels = _profiled_kernels(sess, feed)
+            except Exception as exc:  # ORT's own error types: a node it cannot execute on this graph and input
+                # e.g. int8 retinanet: no box passes the score threshold, and Reshape(-1) of an empty tensor fails.
+                text = str(exc).strip().splitlines()[0]
+                failed = re.search(r"running (\w+) node.* was false\. (.*)", text)  # the op and ORT's own words
+                text = (f"{failed[1]}: {failed[2]}" if failed
+                        else re.sub(r"\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text))
+                raise UnsupportedError(f"ONNX Runtime cannot run the graph on this input: {text[:300]}") from exc
         info["kernels_by_input_type"] = dict(Counter(types[0] for _, types in kernels))
         info["session"] = session_info(sess)
         if precision != "fp32":
@@ -79,8 +83,9 @@ class OnnxRuntimeBackend(Backend):
         return Prepared(run, arrays, mode, info)
 
 
-def make_session(path: Path, threads: int, profile: bool = False):
-    """A CPU session with exactly `threads` intra-op threads, sequential, all graph optimizations on."""
+def make_session(path: Path, threads: int, profile_dir: str | None = None):
+    """A CPU session with exactly `threads` intra-op threads, sequential, all graph optimizations on; profiled
+    into `profile_dir` when given."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -91,9 +96,9 @@ def make_session(path: Path, threads: int, profile: bool = False):
     # ORT's failures reach the caller as exceptions; its own log lines (e.g. a failed session complaining it
     # has no profile to write) only when debugging.
     so.log_severity_level = 1 if logger.isEnabledFor(logging.DEBUG) else 4
-    if profile:
+    if profile_dir:
         so.enable_profiling = True
-        so.profile_file_prefix = os.path.join(tempfile.gettempdir(), f"aio-ort-profile-{os.getpid()}")
+        so.profile_file_prefix = os.path.join(profile_dir, "profile")
     try:
         return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     except Exception as exc:    # ORT has its own types (InvalidGraph, NotImplemented...) for graphs it cannot take
@@ -123,13 +128,12 @@ def _to_numpy(tensor):
 
 
 def _profiled_kernels(sess, feed: dict) -> list[tuple[str, tuple]]:
-    """(op, element types of its inputs) for every kernel of one pass; profiling then stops."""
-    sess.run(None, feed)
-    profile = Path(sess.end_profiling())
+    """(op, element types of its inputs) for every kernel of one pass; profiling then stops, pass or not."""
     try:
-        events = json.loads(profile.read_text())
+        sess.run(None, feed)
     finally:
-        profile.unlink(missing_ok=True)
+        profile = Path(sess.end_profiling())
+    events = json.loads(profile.read_text())
     kernels = []
     for event in events:
         args = event.get("args", {})
