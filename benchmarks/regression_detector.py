@@ -3,7 +3,7 @@
     python benchmarks/regression_detector.py                     # runs the nightly sweep twice, then judges
     python benchmarks/regression_detector.py --runs A B          # two existing runs of the same sweep
 
-The runs are of the nightly sweep (sweeps/nightly.toml: the quick zoo, each point in five processes), or
+The runs are of the nightly sweep (sweeps/nightly.toml: the quick zoo, each point in two processes taking turns), or
 of any sweep given twice.
 1. Noise model from the two real runs, per configuration: its processes' passes (as measured, in order);
    per backend and thread count: how far a process's median settles from its configuration's median
