@@ -55,6 +55,7 @@ LIBRARIES = ("torch", "torchvision", "transformers", "numpy", "onnxruntime", "op
 MIN_NOISE_DOF = 4        # repeats: degrees of freedom a noise group needs, fewer and all are pooled
 MIN_SPREAD_CONFIGS = 6   # matched configurations before their changes' spread is a noise estimate ...
 SPREAD_PER_THREAD_COUNT = 12  # ... and per thread count from this many (fewer: all pooled)
+TOGETHER = 0.8           # this share of the configurations moving the same way is the whole run moving
 
 
 def parse_threshold(text: str) -> float:
@@ -243,6 +244,9 @@ def compare(baseline: Run, new: Run, threshold: float = DEFAULT_THRESHOLD, confi
                 row["why"] += (f" (machine probe {_pct(m['probe_change'])}, x{m['slope']:.2f}: raw change "
                                f"{_pct(m['raw_change'])})")
         out.rows.append(row)
+    together = _moved_together(out.rows, threshold)
+    if together:
+        out.notes.append(together)
     out.missing = [_describe(k, a[k]["record"]) for k in sorted(a.keys() - b.keys(), key=str)]
     out.added = [_describe(k, b[k]["record"]) for k in sorted(b.keys() - a.keys(), key=str)]
     return out
@@ -375,6 +379,31 @@ def _differences(baseline: Run, new: Run, ignore) -> list[str]:
     if changed:
         notes.append("Library versions differ: " + ", ".join(changed) + ".")
     return notes
+
+
+def _moved_together(rows: list[dict], threshold: float) -> str | None:
+    """A note when the configurations moved together, by at least half the threshold in the median.
+
+    Noise moves each configuration its own way; a machine that runs slower or faster as a whole between
+    the runs (measured here: all 24 configurations of a repeat of the same build faster, by up to 12%,
+    the 1-thread ones too, which the probe does not adjust) moves them all at once, and so does a build
+    that slows everything down. Nothing within the two runs tells these apart, so the report says so first.
+    """
+    changes = [r["latency_change"]["rel"] for r in rows if r["latency_change"]]
+    if len(changes) < MIN_SPREAD_CONFIGS:
+        return None
+    median = float(np.median(changes))
+    same_way = sum(np.sign(ch) == np.sign(median) for ch in changes)
+    if abs(median) < threshold / 2 or same_way < TOGETHER * len(changes):
+        return None
+    per_threads = {}
+    for r in rows:
+        if r["latency_change"]:
+            per_threads.setdefault(r["threads"], []).append(r["latency_change"]["rel"])
+    by = ", ".join(f"{t} thread{'s' * (t != 1)} {_pct(float(np.median(v)))}" for t, v in sorted(per_threads.items()))
+    return (f"The configurations moved together: {same_way} of {len(changes)} {'slower' if median > 0 else 'faster'}, "
+            f"median {_pct(median)} ({by}). A machine that moved between the runs looks like this as much as a "
+            f"build that did: rerun the baseline's build on this machine before trusting these verdicts.")
 
 
 def _describe(key: tuple, record: dict) -> dict:

@@ -217,6 +217,8 @@ def main() -> int:
 
     repeat = cmp.compare(a, b, threshold)
     print(f"\nreal repeat runs ({first} -> {second}): {cmp.summary_line(repeat)}")
+    for note in repeat.notes:
+        print(f"  note: {note}")
     for row in repeat.rows:
         if row["verdict"] != "unchanged":
             print(f"  {row['model']} {row['backend']} t{row['threads']}: {row['verdict']}: {row['why']}")

@@ -160,6 +160,20 @@ def test_a_machine_that_moved_between_runs_widens_what_repeats_show():
     assert sum(abs(r["latency_change"]["rel"]) >= 0.05 for r in rows) >= 4     # they did move
 
 
+def test_configurations_moving_together_are_stated_first_and_still_judged():
+    """Eight configurations: on pure noise they move their own ways and nothing is said; all of them 8%
+    slower (a machine or a build: the runs cannot tell) gets the note at the top, the verdicts unchanged."""
+    rng = np.random.default_rng(8)
+    base = run_of(rng, dict.fromkeys(range(1, 9), 1.0))
+    quiet = cmp.compare(base, run_of(rng, dict.fromkeys(range(1, 9), 1.0)))
+    assert not any("moved together" in n for n in quiet.notes)
+    moved = cmp.compare(base, run_of(rng, dict.fromkeys(range(1, 9), 1.08)))
+    note = next(n for n in moved.notes if "moved together" in n)
+    assert "8 of 8 slower" in note and "rerun the baseline's build" in note
+    assert moved.counts["regression"] >= 6
+    assert "moved together" in cmp.to_markdown(moved).split("###")[0]
+
+
 def test_spread_of_the_other_configurations_is_the_noise_of_a_single_process():
     """One process a side, sixteen configurations, each process moved by its own 2%: a configuration that
     happens to move 6% is rarely flagged, one 20% slower always is."""
