@@ -198,7 +198,7 @@ class Comparison:
     rows: list = field(default_factory=list)
     missing: list = field(default_factory=list)     # configurations only in the baseline
     added: list = field(default_factory=list)       # configurations only in the new run
-    notes: list = field(default_factory=list)       # machine / library differences, stated first
+    notes: list = field(default_factory=list)       # machine / library differences, a run moving as a whole: stated first
 
     @property
     def counts(self) -> dict:
@@ -389,17 +389,17 @@ def _moved_together(rows: list[dict], threshold: float) -> str | None:
     the 1-thread ones too, which the probe does not adjust) moves them all at once, and so does a build
     that slows everything down. Nothing within the two runs tells these apart, so the report says so first.
     """
-    changes = [r["latency_change"]["rel"] for r in rows if r["latency_change"]]
+    per_threads = {}
+    for r in rows:
+        if r["latency_change"]:
+            per_threads.setdefault(r["threads"], []).append(r["latency_change"]["rel"])
+    changes = [ch for chs in per_threads.values() for ch in chs]
     if len(changes) < MIN_SPREAD_CONFIGS:
         return None
     median = float(np.median(changes))
     same_way = sum(np.sign(ch) == np.sign(median) for ch in changes)
     if abs(median) < threshold / 2 or same_way < TOGETHER * len(changes):
         return None
-    per_threads = {}
-    for r in rows:
-        if r["latency_change"]:
-            per_threads.setdefault(r["threads"], []).append(r["latency_change"]["rel"])
     by = ", ".join(f"{t} thread{'s' * (t != 1)} {_pct(float(np.median(v)))}" for t, v in sorted(per_threads.items()))
     return (f"The configurations moved together: {same_way} of {len(changes)} {'slower' if median > 0 else 'faster'}, "
             f"median {_pct(median)} ({by}). A machine that moved between the runs looks like this as much as a "
