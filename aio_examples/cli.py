@@ -60,8 +60,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-oversubscribe", action="store_true",
                    help="allow more threads than CPUs available to this process")
     p.add_argument("--probe", action="store_true",
-                   help="after every second of passes, time the machine probe (how fast the cores hand work "
-                        "over right now) so compare can take the machine's moves out of a change")
+                   help="after every second of passes, read the machine (one core's speed at fixed numpy kernels, "
+                        "and how fast the cores hand work over) so compare can take its moves out of a change")
     p.add_argument("--json", action="store_true", help="print the records as JSON lines instead of a table")
     # Set by the sweep and throughput drivers for the processes they start.
     p.add_argument("--point-id", default=None, help=argparse.SUPPRESS)
@@ -469,7 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--repeats", type=_positive("--repeats"), default=None,
                     help="measure every point this many times, each in its own process (default 1)")
     sw.add_argument("--probe", action="store_true", default=None,
-                    help="every point also times the machine probe after each round (see run --probe)")
+                    help="every point also reads the machine after each round (see run --probe)")
     sw.add_argument("--interleave", type=_positive("--interleave"), default=None,
                     help="keep this many points' processes alive and let them take one-second turns, so each "
                          "point's passes come from moments spread over the sweep (default 1: one after another)")

@@ -22,9 +22,9 @@ runs, which repeats within a run cannot show); or that scatter alone (robust, so
 that really changed do not inflate it). Without any of these the interval is the within-run term only,
 and the report says so.
 
-Where every process on both sides read the machine probe beside its passes (machine_probe.py), the
-machine's own moves are taken out of the passes first (take_out_machine), and everything above is
-computed on what is left.
+Where every process on both sides read the machine beside its passes (machine_probe.py: a one-core
+reference with no framework code in it, and the hand-over probe), the machine's own moves are taken out of
+the passes first (take_out_machine), and everything above is computed on what is left.
 
 A status change from ok to anything else is a regression (it no longer runs, or its answer is wrong), the
 reverse an improvement. Multi-instance configurations are judged on their aggregate throughput, with the
@@ -137,7 +137,7 @@ class Run:
                     groups.append(np.asarray(samples, dtype=float))
                     met.append(confident(r))
                     probe = (r.get("probe") or {}).get("rounds")
-                    rounds.append(probe if probe and sum(n for n, _ in probe) == len(samples) else None)
+                    rounds.append(probe if probe and sum(r[0] for r in probe) == len(samples) else None)
                     took = r.get("turns")
                     turns.append(took if took and sum(n for n, _ in took) == len(samples) else None)
             medians = [(r.get("latency_ms") or {}).get("median") for r in ok]
@@ -233,16 +233,17 @@ def compare(baseline: Run, new: Run, threshold: float = DEFAULT_THRESHOLD, confi
         n = noise.get(key)
         if key in machine and machine[key]["se_log"] > 0:      # the adjustment's own uncertainty, added
             se = float(np.hypot(n.se, machine[key]["se_log"])) if n else machine[key]["se_log"]
-            n = Noise(se, n.dof if n else None, n.kind if n else "probe",
-                      (n.source if n else "nothing else") + f", and the machine slope's error "
+            n = Noise(se, n.dof if n else None, n.kind if n else "machine",
+                      (n.source if n else "nothing else") + f", and the machine slopes' error "
                       f"({100 * machine[key]['se_log']:.2f}%)")
         row = judge(key, a[key], b[key], threshold, confidence, n)
         if key in machine:
             m = machine[key]
-            row["machine_probe"] = m
+            row["machine_readings"] = m
             if row["latency_change"]:
-                row["why"] += (f" (machine probe {_pct(m['probe_change'])}, x{m['slope']:.2f}: raw change "
-                               f"{_pct(m['raw_change'])})")
+                row["why"] += " (" + ", ".join(f"machine {name} {_pct(r['change'])} x{r['slope']:.2f}"
+                                               for name, r in m["readings"].items()) \
+                    + f": raw change {_pct(m['raw_change'])})"
         out.rows.append(row)
     together = _moved_together(out.rows, threshold)
     if together:
@@ -252,36 +253,82 @@ def compare(baseline: Run, new: Run, threshold: float = DEFAULT_THRESHOLD, confi
     return out
 
 
+# The machine readings taken out of a configuration's passes, in this order: (round column, name, fewest
+# threads, rounds a point of its slope). The reference (one core's speed, nothing of the framework in it) at
+# every thread count, its slope fitted on blocks of five rounds: the machine's moves it follows last minutes,
+# and one round's reading is noisy enough to flatten a slope fitted round by round (seven processes of ten
+# configurations here: their medians' spread, 6.8-7.3%, fell to 2.2-2.6% with slopes from single rounds,
+# 1.9-2.2% from blocks of five). Then the hand-over probe, on what is left, where there are cores to hand work
+# between, round by round: the hand-over moves within seconds.
+MACHINE_READINGS = ((stats.REFERENCE, "reference", 1, 5), (stats.PROBE, "probe", 2, 1))
+
+
+BACKFIT = 3              # passes over the readings, each slope refitted with the others' shares taken out
+
+
 def take_out_machine(a: dict, b: dict, keys: list) -> dict:
-    """Where every process on both sides carries the machine probe: take the machine's moves out of the
-    configuration's passes (stats.machine_slope, stats.without_machine), in place, relative to the probe's
-    median over both sides. key -> {slope, probe_change, raw_change} for every configuration that carried
-    it (a slope of 0: its latency did not follow the probe, and nothing was taken out)."""
+    """Where every process on both sides carries a machine reading (machine_probe.py): take the machine's
+    moves out of the configuration's passes, in place, relative to each reading's median over both sides.
+
+    With two readings, what one does not take out is noise to the other's slope (at two threads the
+    hand-over moves the passes more from one round to the next than the machine's computing speed does),
+    which flattens it; so each slope is refitted a few times with the other's share taken out (backfitting).
+    key -> {raw_change, se_log, readings: name -> {slope, change, se_log}} for every configuration that
+    carried one (a slope of 0: its latency did not follow that reading, and nothing was taken out). se_log
+    is what the slopes' own errors do to the change: the farther a reading moved between the runs, the more
+    they matter. Across thread counts nothing is taken out: the slopes differ, and the probe reads
+    different work."""
     out = {}
     for key in keys:
-        sides = [list(zip(e["groups"], e["rounds"], strict=True)) for e in (a[key], b[key])]
-        if (not all(sides) or any(r is None for side in sides for _, r in side)
-                or not a[key]["median_ms"] or not b[key]["median_ms"]
-                # the probe runs on the model's threads: across thread counts it reads different work,
-                # and on one thread there is no hand-over between cores for it to read
-                or a[key]["record"]["threads"] != b[key]["record"]["threads"]
-                or a[key]["record"]["threads"] < 2):
+        ea, eb = a[key], b[key]
+        if not ea["median_ms"] or not eb["median_ms"] or ea["record"]["threads"] != eb["record"]["threads"]:
             continue
-        slope, slope_se = stats.machine_slope(sides)
-        logs = [np.log([p for _, rounds in side for _, p in rounds]) for side in sides]
-        reference = float(np.exp(np.median(np.concatenate(logs))))
-        moved = float(np.median(logs[1]) - np.median(logs[0]))
-        # What the slope's own error does to the change: the farther the probe moved, the more it matters.
-        entry = {"slope": slope, "probe_change": float(np.expm1(moved)), "se_log": slope_se * abs(moved),
-                 "raw_change": b[key]["median_ms"] / a[key]["median_ms"] - 1}
-        if slope > 0:
-            for e, side in zip((a[key], b[key]), sides, strict=True):
-                e["groups"] = [stats.without_machine(g, r, slope, reference) for g, r in side]
-                median = float(np.median([np.median(g) for g in e["groups"]]))
-                if e["throughput"]:
-                    e["throughput"] *= e["median_ms"] / median
-                e["median_ms"] = median
-        out[key] = entry
+        used = [(column, name, block) for column, name, fewest, block in MACHINE_READINGS
+                if ea["record"]["threads"] >= fewest and _carried(ea, eb, column)]
+        if not used:
+            continue
+        sides = [(e["groups"], e["rounds"]) for e in (ea, eb)]
+        logs = {column: [np.log([r[column] for rounds in side[1] for r in rounds]) for side in sides]
+                for column, _, _ in used}
+        centres = {column: float(np.exp(np.median(np.concatenate(v)))) for column, v in logs.items()}
+        slopes = {column: (0.0, 0.0) for column, _, _ in used}
+        for _ in range(BACKFIT if len(used) > 1 else 1):
+            for column, _, block in used:
+                others = {c: s for c, s in slopes.items() if c != column}
+                slopes[column] = stats.machine_slope(
+                    [list(zip(_without(groups, rounds, others, centres), rounds, strict=True))
+                     for groups, rounds in sides], column, block)
+        raw = eb["median_ms"] / ea["median_ms"] - 1
+        for e, (groups, rounds) in zip((ea, eb), sides, strict=True):
+            e["groups"] = _without(groups, rounds, slopes, centres)
+            median = float(np.median([np.median(g) for g in e["groups"]]))
+            if e["throughput"]:
+                e["throughput"] *= e["median_ms"] / median
+            e["median_ms"] = median
+        readings = {}
+        for column, name, _ in used:
+            moved = float(np.median(logs[column][1]) - np.median(logs[column][0]))
+            readings[name] = {"slope": slopes[column][0], "change": float(np.expm1(moved)),
+                              "se_log": slopes[column][1] * abs(moved)}
+        out[key] = {"raw_change": raw, "readings": readings,
+                    "se_log": float(np.sqrt(sum(r["se_log"] ** 2 for r in readings.values())))}
+    return out
+
+
+def _carried(ea: dict, eb: dict, column: int) -> bool:
+    """Whether every process on both sides read `column` in every round."""
+    return all(e["groups"] and all(rounds and all(len(r) > column and r[column] for r in rounds)
+                                   for rounds in e["rounds"]) for e in (ea, eb))
+
+
+def _without(groups: list, rounds: list, slopes: dict, centres: dict) -> list:
+    """Each process's passes with the shares of the readings (column -> (slope, se)) taken out."""
+    out = []
+    for passes, process_rounds in zip(groups, rounds, strict=True):
+        for column, (slope, _) in slopes.items():
+            if slope > 0:
+                passes = stats.without_machine(passes, process_rounds, slope, centres[column], column)
+        out.append(passes)
     return out
 
 
@@ -291,7 +338,7 @@ class Noise:
 
     se: float
     dof: float | None
-    kind: str            # history | turns | repeats | spread
+    kind: str            # history | turns | repeats | spread | machine
     source: str
 
 
@@ -535,27 +582,36 @@ def noise_line(c: Comparison) -> str:
         return ""
     said = {"repeats": "repeated processes", "history": "the history's run-to-run spread",
             "turns": "the spread of the processes' turns",
-            "spread": "the spread of the other configurations' changes", "probe": "the machine slope's error only"}
+            "spread": "the spread of the other configurations' changes", "machine": "the machine slopes' error only"}
     parts = [f"{said[k]} for {n}" for k, n in kinds.items() if k]
     if kinds.get(None):
         parts.append(f"nothing for {kinds[None]} (their intervals cover the passes only)")
     return "Between-run noise in the intervals: " + "; ".join(parts) + "."
 
 
+READING_SAID = {
+    "reference": "the machine reference (one core's speed at numpy kernels: no framework code in it)",
+    "probe": "the machine probe (how fast the cores hand work over, on the framework's own threads; a build "
+             "that changes how its threads synchronise moves it too: compare its change with the raw one)",
+}
+
+
 def machine_line(c: Comparison) -> str:
-    """What the machine probe took out, over the configurations that carried it on both sides."""
-    rows = [r for r in c.rows if r.get("machine_probe")]
+    """What the machine readings took out, over the configurations that carried them on both sides."""
+    rows = [r for r in c.rows if r.get("machine_readings")]
     if not rows:
         return ""
-    probed = [r["machine_probe"] for r in rows]
-    moved = [m["raw_change"] - (r["latency_change"] or {}).get("rel", m["raw_change"])
-             for r, m in zip(rows, probed, strict=True)]
-    probe = [m["probe_change"] for m in probed]
-    return (f"Machine probe (how fast the cores hand work over, read beside every second of passes) on both "
-            f"sides of {len(probed)} configuration(s): it changed {_pct(min(probe))} .. {_pct(max(probe))}; "
-            f"{sum(m['slope'] > 0 for m in probed)} followed it, and the changes judged are with the machine's "
-            f"share taken out ({_pct(min(moved))} .. {_pct(max(moved))} of raw change). A framework build that "
-            f"changes how its threads synchronise moves the probe too: compare the probe's change with the raw one.")
+    moved = [r["machine_readings"]["raw_change"] - (r["latency_change"] or {}).get("rel", r["machine_readings"]["raw_change"])
+             for r in rows]
+    parts = []
+    for name, said in READING_SAID.items():
+        read = [r["machine_readings"]["readings"][name] for r in rows if name in r["machine_readings"]["readings"]]
+        if read:
+            changes = [x["change"] for x in read]
+            parts.append(f"{said} on both sides of {len(read)}: it changed {_pct(min(changes))} .. "
+                         f"{_pct(max(changes))}, and {sum(x['slope'] > 0 for x in read)} followed it")
+    return (f"Machine readings beside every second of passes: {'; '.join(parts)}. The changes judged are with "
+            f"the machine's share taken out ({_pct(min(moved))} .. {_pct(max(moved))} of raw change).")
 
 
 def to_markdown(c: Comparison) -> str:

@@ -1,18 +1,26 @@
-"""The machine probe: how fast the machine hands work between its cores right now, measured beside a model.
+"""The machine probe: two readings of how fast the machine is right now, measured beside a model.
 
-On a shared virtual machine a run on several threads can slow down by tens of percent for seconds to
-minutes while each core alone computes exactly as fast as before (measured here at 2 threads: the 1-s
-medians of one process wandered between 1.9 and 3.9 ms, while a single-threaded matmul on each core
-stayed within 3%). What moved is the time a barrier takes: the host places the virtual cores nearer or
-further apart. No number of repeats within one night tells that from a slower build the next night.
+A shared virtual machine moves under a benchmark. Two kinds of move were measured here:
 
-So a process that asks for it (`run --probe`, a sweep's `probe = true`) measures, after each round of
-its model's passes, a short fixed workload made of nothing but such barriers: element-wise adds small
-enough that the hand-over between threads dominates, on the model's own thread count. `compare` then
-relates each configuration's round medians to the probe's and takes the machine's share out of the
-change (stats.machine_slope). The probe is the framework's own thread pool: a framework build that
-changes how fast its threads synchronise moves the probe too, and every report prints the probe's change
-beside the raw one.
+* the hand-over: at several threads a run slowed by tens of percent for seconds to minutes while each
+  core alone computed as fast as before (the 1-s medians of one 2-thread process wandered between 1.9 and
+  3.9 ms, while a single-threaded matmul on each core stayed within 3%): the host placed the virtual cores
+  nearer or further apart, and a barrier took longer;
+* the whole machine: on another day every configuration, one thread or two, ran 3 to 10% slower for tens
+  of minutes at a time, and a small one-core matmul moved with them (process medians of ten
+  configurations in seven processes each: their spread fell from 2.6-2.8% to 0.6-0.8% once a mix of
+  one-core numpy kernels was taken out; see README, nightly regression reports).
+
+So a process that asks for it (`run --probe`, a sweep's `probe = true`) reads both after each round of
+its model's passes, and `compare` relates each configuration's round medians to them and takes the
+machine's share out of the change (stats.machine_slope):
+
+* the probe: element-wise adds small enough that the hand-over between threads dominates, on the model's
+  own thread count. It runs on the framework's own thread pool, so a framework build that changes how
+  fast its threads synchronise moves it too (every report prints its change beside the raw one);
+* the reference: a fixed mix of one-core numpy kernels (matmuls in and beyond L1, a vectorised exp) run
+  by numpy's own BLAS on one thread: nothing of the framework under test runs in it, so no framework
+  build can move it; only the machine (or a new numpy) can.
 """
 
 import time
@@ -22,20 +30,35 @@ import numpy as np
 SLICE_S = 0.05          # probe time after each round of the model: a tenth or less of the round
 ADDS = 200              # adds per probe pass (about 1 ms at 2 threads here)
 ELEMENTS = 65536        # large enough for the framework to split an add over two threads, small for L2
+REFERENCE_S = 0.03      # reference time after each round
+# One reference pass: three kernels of about equal time (about 1 ms each here), so that no one of them,
+# with its own quirks (cache, vector units, the interpreter's loop), decides the reading.
+SMALL_MATMULS, LARGE_MATMULS, EXPS = 200, 4, 120
 
 
 class MachineProbe:
-    """`slice()` -> the median milliseconds of one probe pass over SLICE_S of passes."""
+    """`slice()` -> [probe ms, reference ms]: each the median of its passes over its share of time."""
 
     name = f"{ADDS} element-wise adds of {ELEMENTS} float32 on the intra-op threads"
+    reference = (f"numpy on one thread: {SMALL_MATMULS} matmuls 64x64, {LARGE_MATMULS} matmuls 256x256, "
+                 f"{EXPS} exp of 16384, float32")
 
     def __init__(self):
         import torch
+        from threadpoolctl import ThreadpoolController
 
         self._torch = torch
         self._x, self._y, self._out = torch.randn(ELEMENTS), torch.randn(ELEMENTS), torch.empty(ELEMENTS)
-        for _ in range(3):          # the thread pool starts, the buffers are touched
+        rng = np.random.default_rng(0)
+        self._small = [rng.standard_normal((64, 64), dtype=np.float32) for _ in range(2)]
+        self._large = [rng.standard_normal((256, 256), dtype=np.float32) for _ in range(2)]
+        self._vec = rng.standard_normal(16384, dtype=np.float32)
+        self._vec_out = np.empty_like(self._vec)
+        # numpy's BLAS would split a matmul over every core; the reference is one core's speed.
+        self._blas = ThreadpoolController().select(user_api="blas")
+        for _ in range(3):          # the thread pools start, the buffers are touched
             self._pass()
+            self._reference_pass()
 
     def _pass(self) -> int:
         add, x, y, out = self._torch.add, self._x, self._y, self._out
@@ -44,9 +67,25 @@ class MachineProbe:
             add(x, y, out=out)
         return time.perf_counter_ns() - t0
 
-    def slice(self) -> float:
-        times = []
-        end = time.perf_counter() + SLICE_S
-        while not times or time.perf_counter() < end:
-            times.append(self._pass())
-        return float(np.median(times)) / 1e6
+    def _reference_pass(self) -> int:
+        (a, b), (c, d), v, out = self._small, self._large, self._vec, self._vec_out
+        with self._blas.limit(limits=1):
+            t0 = time.perf_counter_ns()
+            for _ in range(SMALL_MATMULS):
+                np.matmul(a, b)
+            for _ in range(LARGE_MATMULS):
+                np.matmul(c, d)
+            for _ in range(EXPS):
+                np.exp(v, out=out)
+            return time.perf_counter_ns() - t0
+
+    def slice(self) -> list[float]:
+        return [round(_median_ms(self._pass, SLICE_S), 5), round(_median_ms(self._reference_pass, REFERENCE_S), 5)]
+
+
+def _median_ms(one_pass, seconds: float) -> float:
+    times = []
+    end = time.perf_counter() + seconds
+    while not times or time.perf_counter() < end:
+        times.append(one_pass())
+    return float(np.median(times)) / 1e6

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .errors import UsageError
 
-SCHEMA_VERSION = "1.4"
+SCHEMA_VERSION = "1.5"
 STATUSES = ("ok", "fail_accuracy", "unsupported", "failed", "timeout")
 
 

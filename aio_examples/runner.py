@@ -291,9 +291,9 @@ def _fill(cand: _Candidate, req: RunRequest) -> None:
     if m.rounds and m.rounds[0][1] is not None:
         from .machine_probe import MachineProbe
 
-        r.probe = {"workload": MachineProbe.name, "rounds": m.rounds}
+        r.probe = {"workload": MachineProbe.name, "reference": MachineProbe.reference, "rounds": m.rounds}
     if req.turns is not None:
-        r.turns = [[n, t] for (n, _), t in zip(m.rounds, m.turn_starts, strict=True)]
+        r.turns = [[r[0], t] for r, t in zip(m.rounds, m.turn_starts, strict=True)]
     r.peak_rss_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     r.metrics["units_per_pass"] = req.spec.task_size(req.batch_size, req.shape)
     if req.flops_per_pass:

@@ -219,51 +219,56 @@ def change_spread(log_changes) -> tuple[float, float]:
     return float(np.std(kept, ddof=1)), float(kept.size - 1)
 
 
-MIN_PROBE_ROUNDS = 8     # rounds (over both sides) before a configuration's machine slope is estimated
-MAX_MACHINE_SLOPE = 2.0  # a model waits at most this much more than the probe for the same machine move
+MIN_PROBE_POINTS = 8     # points (rounds or blocks, over both sides) before a machine slope is estimated
+MAX_MACHINE_SLOPE = 2.0  # a model waits at most this much more than a machine reading for the same machine move
+PROBE, REFERENCE = 1, 2  # columns of a round: [passes, hand-over probe ms, machine reference ms] (machine_probe.py)
 
 
-def machine_slope(sides) -> tuple[float, float]:
-    """How much a configuration's log latency moves with the machine probe's log time (machine_probe.py).
+def machine_slope(sides, column: int = PROBE, block: int = 1) -> tuple[float, float]:
+    """How much a configuration's log latency moves with a machine reading's log time (machine_probe.py).
 
-    `sides`: per run, the processes as (passes, rounds) with rounds [[passes in the round, probe ms], ...].
-    Each round gives a point (log probe, log median of its passes); each side is centred on its own
-    medians first, so a real change between the runs does not enter the slope, only how the two move
-    together within a run. Theil-Sen (scipy) keeps a few odd rounds from tilting it. Returns the slope
-    and its standard error (from Theil-Sen's 95% interval); (0, 0) when it is not significantly positive
-    (a quiet machine, one thread): then nothing is taken out.
+    `sides`: per run, the processes as (passes, rounds) with rounds [[passes in the round, probe ms,
+    reference ms], ...]; `column` picks the reading. Each `block` consecutive rounds of a process give a
+    point (log median of their readings, log median of their passes): a reading's own noise from one round
+    to the next flattens a slope fitted on single rounds (errors in x), and blocks average it out where what
+    matters moves more slowly than a round. Each side is centred on its own medians first, so a real change
+    between the runs does not enter the slope, only how the two move together within a run. Theil-Sen
+    (scipy) keeps a few odd points from tilting it. Returns the slope and its standard error (from
+    Theil-Sen's 95% interval); (0, 0) when it is not significantly positive (a quiet machine): then nothing
+    is taken out.
     """
     xs, ys = [], []
     for side in sides:
         x, y = [], []
         for passes, rounds in side:
-            for chunk, (n, probe_ms) in zip(split_rounds(passes, rounds), rounds, strict=True):
-                if n and probe_ms > 0:
-                    x.append(np.log(probe_ms))
-                    y.append(np.log(np.median(chunk)))
+            kept = [(chunk, r[column]) for chunk, r in zip(split_rounds(passes, rounds), rounds, strict=True)
+                    if r[0] and r[column] > 0]
+            for part in np.array_split(np.arange(len(kept)), max(1, len(kept) // block)) if kept else ():
+                x.append(np.log(np.median([kept[i][1] for i in part])))
+                y.append(np.log(np.median(np.concatenate([kept[i][0] for i in part]))))
         if x:
             xs.append(np.asarray(x) - np.median(x))
             ys.append(np.asarray(y) - np.median(y))
-    if not xs or sum(x.size for x in xs) < MIN_PROBE_ROUNDS:
+    if not xs or sum(x.size for x in xs) < MIN_PROBE_POINTS:
         return 0.0, 0.0
     x, y = np.concatenate(xs), np.concatenate(ys)
     if not np.ptp(x) > 0:
         return 0.0, 0.0
-    with np.errstate(invalid="ignore"):          # its interval is nan for a handful of rounds: then 0
+    with np.errstate(invalid="ignore"):          # its interval is nan for a handful of points: then 0
         fit = stats.theilslopes(y, x, alpha=0.95)
     if not fit.low_slope > 0:
         return 0.0, 0.0
     return float(min(fit.slope, MAX_MACHINE_SLOPE)), float((fit.high_slope - fit.low_slope) / (2 * 1.96))
 
 
-def without_machine(passes, rounds, slope: float, reference_ms: float) -> np.ndarray:
-    """The passes as if the machine probe had read `reference_ms` in every round: each round's passes
-    divided by (probe / reference) ** slope."""
+def without_machine(passes, rounds, slope: float, reference_ms: float, column: int = PROBE) -> np.ndarray:
+    """The passes as if the machine reading in `column` had been `reference_ms` in every round: each
+    round's passes divided by (reading / reference_ms) ** slope."""
     chunks = split_rounds(np.asarray(passes, dtype=float), rounds)
-    return np.concatenate([chunk / (probe_ms / reference_ms) ** slope
-                           for chunk, (_, probe_ms) in zip(chunks, rounds, strict=True)])
+    return np.concatenate([chunk / (r[column] / reference_ms) ** slope
+                           for chunk, r in zip(chunks, rounds, strict=True)])
 
 
 def split_rounds(passes, rounds) -> list:
     """The passes of each round: `rounds` is [[passes in the round, ...], ...] in order (probe rounds, turns)."""
-    return np.split(np.asarray(passes), np.cumsum([n for n, _ in rounds])[:-1])
+    return np.split(np.asarray(passes), np.cumsum([r[0] for r in rounds])[:-1])

@@ -76,7 +76,7 @@ class SweepConfig:
     # has its own memory layout and placement, which moves its timings by a percent or more; repeats let a
     # comparison see that spread (compare.py) instead of mistaking it for a change.
     repeats: int = 1
-    # Every point also times the machine probe after each round (machine_probe.py), for compare.
+    # Every point also reads the machine after each round (machine_probe.py), for compare.
     probe: bool = False
     # Up to this many points' processes alive at once, taking one-second turns (turns.py); 1: one after another.
     interleave: int = 1

@@ -70,7 +70,7 @@ class Measurement:
     stop_reason: str | None = None
     error: tuple | None = None                     # (status, reason) when a pass raised
     first_output: object = None                    # what the first pass returned, for output checks
-    rounds: list = field(default_factory=list)     # [passes, machine probe ms] per round, with a probe
+    rounds: list = field(default_factory=list)     # [passes, probe ms, reference ms] per round (machine_probe.py)
     turn_starts: list = field(default_factory=list)  # when each turn began (Unix s), taking turns
     cpu_ns: int = 0                                # process CPU time during measured rounds ...
     wall_ns: int = 0                               # ... and their wall time: cores actually used
@@ -182,7 +182,7 @@ def measure(measurements: list[Measurement], round_s: float = ROUND_S, on_error=
     """Measure several pass functions in interleaved rounds (A B C, C A B, ...) so drift hits all alike.
 
     A single measurement simply runs to its end, unless a `probe` (machine_probe.MachineProbe) is given:
-    then every measurement runs in rounds, and after each of its rounds the probe's median is recorded
+    then every measurement runs in rounds, and after each of its rounds the probe's readings are recorded
     beside the round's pass count (`Measurement.rounds`). A pass that raises ends that measurement only:
     `on_error(measurement, exc)` is told, the others go on.
 
@@ -221,7 +221,7 @@ def measure(measurements: list[Measurement], round_s: float = ROUND_S, on_error=
                 if rounds:
                     time.sleep(ROUND_GAP_S)
                 if probe is not None and len(m.samples_ns) > before:
-                    m.rounds.append([len(m.samples_ns) - before, round(probe.slice(), 5)])
+                    m.rounds.append([len(m.samples_ns) - before, *probe.slice()])
                     time.sleep(ROUND_GAP_S)
         shuffle(order)
 
@@ -237,8 +237,7 @@ def _measure_in_turns(measurements: list[Measurement], round_s: float, turns, gu
             guarded(m, functools.partial(m.run_for, round_s, stop_rule=False))
             time.sleep(ROUND_GAP_S)
             if len(m.samples_ns) > before:
-                m.rounds.append([len(m.samples_ns) - before,
-                                 round(probe.slice(), 5) if probe is not None else None])
+                m.rounds.append([len(m.samples_ns) - before, *(probe.slice() if probe is not None else [None])])
                 m.turn_starts.append(started)
                 time.sleep(ROUND_GAP_S)
         turns.done()

@@ -13,10 +13,10 @@ of any sweep given twice.
    by a deviation drawn from its backend's and thread count's observed ones (their heavy tail included),
    and keeping whether that process met its confidence target (the runner stops a process the moment its
    interval is narrow enough: recomputing the interval on resampled passes would miss it about half the
-   time, and make sides look less confident than measured ones are). Runs that carry the machine probe
+   time, and make sides look less confident than measured ones are). Runs that carry the machine readings
    (the nightly sweep's probe = true) instead draw each process from the configuration's real processes
-   (either run), rebuilt from its own one-second rounds drawn with replacement, each round with the probe
-   read beside it: the machine's state and the probe's reading of it stay together (a process that took
+   (either run), rebuilt from its own one-second rounds drawn with replacement, each round with the readings
+   taken beside it: the machine's state and the readings of it stay together (a process that took
    turns with the others, the nightly sweep's interleave, is rebuilt from blocks of four consecutive
    turns: the machine's slow states outlast one turn). The new run is
    slowed down by 0%, 3%, 5%, 10% or 20%. Each pair is judged by aio_examples.compare like a real one, whole runs at a time
@@ -59,8 +59,8 @@ def sweep(out: Path, config: Path):
 
 
 def noise_model(a: cmp.Run, b: cmp.Run):
-    """configurations: (key, normalised pass sequences with their processes' confidence_met and machine probe
-    rounds (None without), typical median, processes a run);
+    """configurations: (key, normalised pass sequences with their processes' confidence_met and machine
+    reading rounds (None without), typical median, processes a run);
     deviations: noise group (backend, threads) -> every process's log median minus that of its
     configuration's median process (both runs); the run-to-run changes of the configurations' medians."""
     ca, cb = a.configurations(), b.configurations()
@@ -76,7 +76,7 @@ def noise_model(a: cmp.Run, b: cmp.Run):
         deviations.setdefault(cmp.noise_group(key), []).extend(logs - np.median(logs))
         shifts.append(np.log(eb["median_ms"] / ea["median_ms"]))
         typical = float(np.exp(np.median(logs)))
-        # A probed process keeps its own level (the machine state its probe read); without the probe a
+        # A probed process keeps its own level (the machine state its readings saw); without them a
         # process is its shape only, and synthetic_run draws its level from the noise group's deviations.
         configs.append((key, [(g / (typical if r else np.median(g)), m, r)
                               for g, m, r in zip(groups, ea["met"] + eb["met"], ea["rounds"] + eb["rounds"],
@@ -93,7 +93,7 @@ def block_resample(rng, seq: np.ndarray) -> np.ndarray:
 
 def round_resample(rng, seq: np.ndarray, rounds: list, block: int = 1) -> tuple[np.ndarray, list]:
     """A process rebuilt from its own rounds drawn with replacement, `block` consecutive rounds at a time:
-    each round keeps its passes and the machine probe read beside them, so the process keeps the machine
+    each round keeps its passes and the machine readings taken beside them, so the process keeps the machine
     states it ran in (and, with blocks, how long they lasted)."""
     chunks = split_rounds(seq, rounds)
     n = len(rounds)
@@ -109,15 +109,15 @@ def synthetic_record(key, samples, confident: bool, rounds=None, turns=False) ->
             "instances": instances, "status": "ok", "samples_ms": samples.tolist(), "latency_ms": s.to_dict(),
             "throughput": {"value": 1000.0 * batch / s.mean, "unit": "units/s"},
             "confidence_met": confident, "probe": {"rounds": rounds} if rounds else None,
-            "turns": [[n, None] for n, _ in rounds] if turns else None}
+            "turns": [[r[0], None] for r in rounds] if turns else None}
 
 
 def synthetic_run(rng, configs, deviations, factor=1.0) -> cmp.Run:
-    """One run of every configuration. Without the machine probe, each process is a real pass sequence
+    """One run of every configuration. Without the machine readings, each process is a real pass sequence
     (block-resampled) moved by a process-level deviation of its noise group (backend and threads). With it,
     each process is one of the configuration's real processes (either run) rebuilt from its own rounds
-    (round_resample): its level, its machine state and the probe's reading of it stay together, which a
-    deviation drawn apart from the probe would break."""
+    (round_resample): its level, its machine state and the readings of it stay together, which a
+    deviation drawn apart from them would break."""
     records = []
     for key, sequences, median, processes, turns in configs:
         for _ in range(processes):
@@ -154,7 +154,7 @@ def took_turns(record: dict) -> bool:
 
 
 def slowed(run: cmp.Run, factor: float) -> cmp.Run:
-    """The same run with every pass `factor` times slower (the machine probe's readings unchanged)."""
+    """The same run with every pass `factor` times slower (the machine readings unchanged)."""
     records = []
     for r in run.records:
         r = dict(r)

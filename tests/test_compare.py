@@ -503,47 +503,66 @@ def test_nightly_workflow_is_valid_and_runs_the_same_script():
     assert uploads and uploads[0].get("if") == "always()"
 
 
-def probed_run(rng, label, machine=1.0, code=1.0, threads=2, slope=0.8, processes=5):
-    """Processes of one configuration whose every round ran with the machine `machine` times slower than
-    usual (the probe reads it, the model follows by `slope`) and the code `code` times slower."""
+def probed_run(rng, label, machine=1.0, hand_over=1.0, code=1.0, threads=2, processes=5):
+    """Processes of one configuration whose rounds ran with the machine `machine` times slower than usual at
+    computing (a state that lasts: one level a process, read by the reference with noise of its own; the model
+    follows by 0.8) and `hand_over` times slower at handing work between cores (a state of seconds: its own
+    every round, read by the probe; a model on several threads follows by 0.5), and the code `code` times
+    slower."""
     records = []
     for _ in range(processes):
-        probe = machine * np.exp(rng.normal(0, 0.10, 8))
-        x = np.concatenate([20 * code * p ** slope * rng.lognormal(0, 0.02, 30) for p in probe])
+        cores = machine * np.exp(rng.normal(0, 0.05) + rng.normal(0, 0.03, 20))
+        barriers = hand_over * np.exp(rng.normal(0, 0.10, 20))
+        x = np.concatenate([20 * code * c ** 0.8 * h ** (0.5 if threads > 1 else 0) * rng.lognormal(0, 0.02, 30)
+                            for c, h in zip(cores, barriers, strict=True)])
         r = record(x, threads=threads, confident=True)
-        r.probe = {"workload": "test", "rounds": [[30, float(p)] for p in probe]}
+        r.probe = {"workload": "test", "reference": "test",
+                   "rounds": [[30, float(h), 3 * float(c) * rng.lognormal(0, 0.01)]
+                              for c, h in zip(cores, barriers, strict=True)]}
         records.append(r.to_dict())
     return cmp.Run(label, records)
 
 
-def test_the_machine_probe_takes_the_machines_move_out_but_not_the_codes():
+def test_the_machine_readings_take_the_machines_move_out_but_not_the_codes():
     rng = np.random.default_rng(11)
+    for threads in (1, 2):
+        base = probed_run(rng, "a", threads=threads)
+        # The machine computed 30% slower all night: the raw change is about +23%, nothing changed.
+        moved = cmp.compare(base, probed_run(rng, "b", machine=1.3, threads=threads)).rows[0]
+        reference = moved["machine_readings"]["readings"]["reference"]
+        assert moved["machine_readings"]["raw_change"] > 0.12 and reference["change"] > 0.2
+        assert abs(moved["latency_change"]["rel"]) < 0.04 and moved["verdict"] == "unchanged", moved
+        assert 0.6 < reference["slope"] < 1.0 and "machine reference" in moved["why"]
+        # The hand-over probe only where there are cores to hand work between.
+        assert ("probe" in moved["machine_readings"]["readings"]) == (threads > 1)
+        # The code got 15% slower on an unchanged machine: still a regression, raw and adjusted alike.
+        slower = cmp.compare(base, probed_run(rng, "b", code=1.15, threads=threads)).rows[0]
+        assert slower["verdict"] == "regression" and abs(slower["latency_change"]["rel"] - 0.15) < 0.04
+        # Both at once: the code's share is what is judged.
+        both = cmp.compare(base, probed_run(rng, "b", machine=1.3, code=1.15, threads=threads)).rows[0]
+        assert both["verdict"] == "regression" and abs(both["latency_change"]["rel"] - 0.15) < 0.05
+    # At 2 threads the cores handing work over 30% slower: the probe takes it out, after the reference.
     base = probed_run(rng, "a")
-    # The machine was 30% slower at barriers all night: the raw change is about +23%, nothing changed.
-    moved = cmp.compare(base, probed_run(rng, "b", machine=1.3)).rows[0]
-    assert moved["machine_probe"]["raw_change"] > 0.15 and moved["machine_probe"]["probe_change"] > 0.2
-    assert abs(moved["latency_change"]["rel"]) < 0.04 and moved["verdict"] == "unchanged"
-    assert 0.6 < moved["machine_probe"]["slope"] < 1.0 and "machine probe" in moved["why"]
-    assert "Machine probe" in cmp.to_markdown(cmp.compare(base, probed_run(rng, "b", machine=1.3)))
+    slow_barriers = cmp.compare(base, probed_run(rng, "b", machine=1.2, hand_over=1.3))
+    row = slow_barriers.rows[0]
+    assert row["machine_readings"]["raw_change"] > 0.25 and abs(row["latency_change"]["rel"]) < 0.05, row
+    assert row["machine_readings"]["readings"]["probe"]["change"] > 0.2 and row["verdict"] == "unchanged"
+    assert "Machine readings" in cmp.to_markdown(slow_barriers) and "machine probe" in cmp.machine_line(slow_barriers)
     # The history's spread is of raw medians: an adjusted configuration takes its noise from the runs.
     key = next(iter(base.configurations()))
     with_history = cmp.compare(base, probed_run(rng, "b", machine=1.3), run_noise={key: (0.3, 10)}).rows[0]
     assert with_history["noise"]["kind"] != "history" and with_history["verdict"] == "unchanged"
-    # The code got 15% slower on an unchanged machine: still a regression, raw and adjusted alike.
-    slower = cmp.compare(base, probed_run(rng, "b", code=1.15)).rows[0]
-    assert slower["verdict"] == "regression" and abs(slower["latency_change"]["rel"] - 0.15) < 0.04
-    # Both at once: the code's share is what is judged.
-    both = cmp.compare(base, probed_run(rng, "b", machine=1.3, code=1.15)).rows[0]
-    assert both["verdict"] == "regression" and abs(both["latency_change"]["rel"] - 0.15) < 0.05
-    # The probe runs on the model's threads: 2 threads against 1 is not adjusted.
+    # Across thread counts the slopes differ: nothing is taken out.
     fewer = cmp.compare(base, probed_run(rng, "b", machine=1.3, threads=1), ignore=("threads",)).rows[0]
-    assert "machine_probe" not in fewer and fewer["verdict"] == "regression"
-    # On one thread the probe has no hand-over between cores to read: nothing is taken out.
-    alone = cmp.compare(probed_run(rng, "a", threads=1), probed_run(rng, "b", machine=1.3, threads=1)).rows[0]
-    assert "machine_probe" not in alone and alone["latency_change"]["rel"] > 0.15
-    # A side without the probe: nothing is adjusted, the raw change is judged.
+    assert "machine_readings" not in fewer and fewer["verdict"] == "regression"
+    # Records from before the reference (two columns a round): the probe alone, as then.
+    old = [cmp.Run(run.label, [{**r, "probe": {"rounds": [x[:2] for x in r["probe"]["rounds"]]}} for r in run.records])
+           for run in (base, probed_run(rng, "b", hand_over=1.3))]
+    assert list(cmp.compare(*old).rows[0]["machine_readings"]["readings"]) == ["probe"]
+    # A side without readings: nothing is adjusted, the raw change is judged.
     plain = cmp.Run("b", [{**r, "probe": None} for r in probed_run(rng, "b", machine=1.3).records])
-    assert "machine_probe" not in cmp.compare(base, plain).rows[0]
+    unadjusted = cmp.compare(base, plain).rows[0]
+    assert "machine_readings" not in unadjusted and unadjusted["verdict"] == "regression"
 
 
 def turned_run(rng, label, configs: int = 12, code=None, turn_sd=0.08, moved=None) -> cmp.Run:

@@ -71,6 +71,29 @@ def test_machine_slope_recovers_how_a_model_follows_the_machine():
     assert machine_slope([_probed_side(rng, 1.0, processes=1, rounds=3)]) == (0.0, 0.0)   # too few rounds
 
 
+def _drifting_side(rng, level=1.0, processes=4, rounds=30):
+    """Processes on a machine whose speed wanders slowly (a random walk over the rounds, from a level of its
+    own a process), read by a reference with a noise of its own every round; the model follows by 1."""
+    side = []
+    for _ in range(processes):
+        state = np.cumsum(rng.normal(0, 0.01, rounds)) + rng.normal(0, 0.04)
+        x = np.concatenate([level * 10 * np.exp(s) * rng.lognormal(0, 0.01, 20) for s in state])
+        side.append((x, [[20, 1.0, float(np.exp(s + rng.normal(0, 0.03)))] for s in state]))
+    return side
+
+
+def test_a_noisy_reading_flattens_a_slope_fitted_round_by_round_and_blocks_of_rounds_undo_it():
+    from aio_examples.stats import REFERENCE, machine_slope
+
+    rng = np.random.default_rng(5)
+    by_round, by_block = [], []
+    for _ in range(5):
+        sides = [_drifting_side(rng), _drifting_side(rng, level=1.2)]
+        by_round.append(machine_slope(sides, REFERENCE)[0])
+        by_block.append(machine_slope(sides, REFERENCE, block=5)[0])
+    assert np.median(by_round) < 0.8 and 0.85 < np.median(by_block) < 1.15
+
+
 def turned_process(rng, turns: int, turn_sd: float, passes: int = 25, level: float = 1.0):
     """Passes of a process that took `turns` turns, each at its own machine state (lognormal, turn_sd)."""
     states = level * np.exp(rng.normal(0, turn_sd, turns))

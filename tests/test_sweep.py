@@ -247,10 +247,11 @@ def turn_starts(record: dict) -> list[float]:
 
 def test_points_taking_turns_interleave_their_rounds_and_one_that_dies_does_not_stop_the_others(tmp_path):
     """interleave = 3: the points' processes are alive together and measure in turns, so each point's turns
-    fall between the others'; a point killed before it was ready gets its record, the others go on, and a
-    rerun resumes like any sweep."""
+    fall between the others'; each turn is followed by the machine's readings (--probe); a point killed
+    before it was ready gets its record, the others go on, and a rerun resumes like any sweep."""
     out = tmp_path / "sweep"
-    args = ["--backends", "eager,torchscript,onnxruntime", "--threads", "1", "--timeout", "3", "--interleave", "3"]
+    args = ["--backends", "eager,torchscript,onnxruntime", "--threads", "1", "--timeout", "3", "--interleave", "3",
+            "--probe"]
     proc = sweep(out, *args, env=fault_env(tmp_path, "torchscript", "kill"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     by_backend = {r["backend"]: r for r in records(out)}
@@ -259,6 +260,10 @@ def test_points_taking_turns_interleave_their_rounds_and_one_that_dies_does_not_
     for r in (eager, onnx):
         assert r["status"] == "ok" and r["stop_reason"] == "turns" and len(r["turns"]) == 3, r
         assert sum(n for n, _ in r["turns"]) == len(r["samples_ms"])
+        rounds = r["probe"]["rounds"]        # [passes, hand-over probe ms, machine reference ms] per turn
+        assert [n for n, _, _ in rounds] == [n for n, _ in r["turns"]]
+        assert all(probe > 0 and reference > 0 for _, probe, reference in rounds)
+        assert "numpy" in r["probe"]["reference"]
     assert min(turn_starts(eager)) < max(turn_starts(onnx)) and min(turn_starts(onnx)) < max(turn_starts(eager))
     again = sweep(out, *args)
     assert again.returncode == 0 and "0 point(s) run" in again.stdout and "3 already done" in again.stdout

@@ -192,14 +192,15 @@ def test_invalid_stop_rules_are_usage_errors(kwargs):
 
 
 class CountingProbe:
-    """A machine probe that takes 50 ms of the fake clock and reads 1, 2, 3, ..."""
+    """A machine probe that takes 50 ms of the fake clock and reads 1, 2, 3, ... (its reference ten times that)."""
 
     def __init__(self, clock):
         self.clock, self.readings = clock, iter(range(1, 1000))
 
     def slice(self):
         self.clock.ns += int(0.05e9)
-        return float(next(self.readings))
+        i = float(next(self.readings))
+        return [i, 10 * i]
 
 
 def test_a_probe_is_read_after_every_round_of_a_lone_measurement(clock):
@@ -207,17 +208,18 @@ def test_a_probe_is_read_after_every_round_of_a_lone_measurement(clock):
     it made and what the probe read right after them: the passes add up, and the readings are in order."""
     m = Measurement(passes(clock, [100] * 10_000), StopRule(num_runs=40))
     measure([m], round_s=0.5, probe=CountingProbe(clock))
-    assert sum(n for n, _ in m.rounds) == len(m.samples_ns) == 40
-    assert [n for n, _ in m.rounds] == [5] * 8                   # 0.5 s rounds of 100 ms passes
-    assert [p for _, p in m.rounds] == [float(i) for i in range(1, 9)]
+    assert sum(n for n, _, _ in m.rounds) == len(m.samples_ns) == 40
+    assert [n for n, _, _ in m.rounds] == [5] * 8                   # 0.5 s rounds of 100 ms passes
+    assert [[p, r] for _, p, r in m.rounds] == [[float(i), 10.0 * i] for i in range(1, 9)]
 
 
 def test_the_machine_probe_is_a_real_timed_workload():
-    from aio_examples.machine_probe import SLICE_S, MachineProbe
+    from aio_examples.machine_probe import REFERENCE_S, SLICE_S, MachineProbe
 
     probe = MachineProbe()
     readings = [probe.slice() for _ in range(3)]
-    assert all(0 < ms < 1000 * SLICE_S * 10 for ms in readings)
+    assert all(len(r) == 2 and 0 < r[0] < 1000 * SLICE_S * 10 and 0 < r[1] < 1000 * REFERENCE_S * 10
+               for r in readings)
 
 
 def sweep_side(commands: list[str]):
@@ -253,8 +255,8 @@ def test_taking_turns_runs_one_round_per_go_until_stop_whatever_the_stop_rule_sa
     measure([m], round_s=0.5, probe=CountingProbe(clock), turns=turns)
     driver.join(timeout=10)
     assert heard == ["ready"] + ["done"] * 6
-    assert [n for n, _ in m.rounds] == [5] * 6 and sum(n for n, _ in m.rounds) == len(m.samples_ns)
-    assert [p for _, p in m.rounds] == [float(i) for i in range(1, 7)]
+    assert [n for n, _, _ in m.rounds] == [5] * 6 and sum(n for n, _, _ in m.rounds) == len(m.samples_ns)
+    assert [p for _, p, _ in m.rounds] == [float(i) for i in range(1, 7)]
     assert m.stop_reason == "turns" and len(m.turn_starts) == 6
     assert all(b - a >= 0.5 for a, b in zip(m.turn_starts, m.turn_starts[1:]))
 
