@@ -137,7 +137,7 @@ class Run:
                     groups.append(np.asarray(samples, dtype=float))
                     met.append(confident(r))
                     probe = (r.get("probe") or {}).get("rounds")
-                    rounds.append(probe if probe and sum(r[0] for r in probe) == len(samples) else None)
+                    rounds.append(probe if probe and sum(x[0] for x in probe) == len(samples) else None)
                     took = r.get("turns")
                     turns.append(took if took and sum(n for n, _ in took) == len(samples) else None)
             medians = [(r.get("latency_ms") or {}).get("median") for r in ok]
@@ -261,8 +261,6 @@ def compare(baseline: Run, new: Run, threshold: float = DEFAULT_THRESHOLD, confi
 # 1.9-2.2% from blocks of five). Then the hand-over probe, on what is left, where there are cores to hand work
 # between, round by round: the hand-over moves within seconds.
 MACHINE_READINGS = ((stats.REFERENCE, "reference", 1, 5), (stats.PROBE, "probe", 2, 1))
-
-
 BACKFIT = 3              # passes over the readings, each slope refitted with the others' shares taken out
 
 

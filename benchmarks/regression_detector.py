@@ -85,6 +85,19 @@ def noise_model(a: cmp.Run, b: cmp.Run):
     return configs, {k: np.array(v) for k, v in deviations.items()}, np.array(shifts)
 
 
+def adjusted_spread(a: cmp.Run, b: cmp.Run) -> dict:
+    """threads -> how far a process's median settles from its configuration's (robust sd, both runs), once
+    compare has taken the machine readings' share out of the two real runs (empty without readings)."""
+    ca, cb = a.configurations(), b.configurations()
+    keys = [k for k in sorted(ca.keys() & cb.keys(), key=str) if ca[k]["groups"] and cb[k]["groups"]]
+    adjusted = cmp.take_out_machine(ca, cb, keys)
+    deviations = {}
+    for key in adjusted:
+        logs = np.log([np.median(g) for g in ca[key]["groups"] + cb[key]["groups"]])
+        deviations.setdefault(ca[key]["record"]["threads"], []).extend(logs - np.median(logs))
+    return {t: 1.4826 * float(np.median(np.abs(d))) for t, d in sorted(deviations.items())}
+
+
 def block_resample(rng, seq: np.ndarray) -> np.ndarray:
     n = seq.size
     starts = rng.integers(0, max(1, n - BLOCK + 1), size=n // BLOCK + 1)
@@ -203,6 +216,10 @@ def main() -> int:
                                                 for (b, t), sd in spread.items())
           + f"; run-to-run change of a configuration: median {100 * np.median(shifts):+.2f}%, largest "
           f"{100 * np.max(np.abs(shifts)):.2f}%")
+    adjusted = adjusted_spread(a, b)
+    if adjusted:
+        print("with the machine readings' share taken out (as compare does between the two runs): "
+              + ", ".join(f"t{t} {100 * sd:.2f}%" for t, sd in adjusted.items()))
     outcome, by_threads = synthetic(configs, deviations, args.pairs, threshold, args.seed)
     print(f"\nsynthetic pairs ({args.pairs} per row, threshold {100 * threshold:g}%):\n")
     print("| injected slowdown | regression | suspicious | unchanged | improvement |")
@@ -249,6 +266,7 @@ def main() -> int:
     (out / "detector.json").write_text(json.dumps({
         "runs": [str(first), str(second)], "threshold": threshold, "pairs": args.pairs,
         "process_sd": {f"{b} t{t}": sd for (b, t), sd in spread.items()},
+        "process_sd_adjusted": {f"t{t}": sd for t, sd in adjusted.items()},
         "synthetic": {str(k): v for k, v in outcome.items()},
         "synthetic_flagged_by_threads": {str(k): {str(t): list(c) for t, c in v.items()}
                                          for k, v in by_threads.items()},
