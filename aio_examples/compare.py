@@ -268,46 +268,60 @@ def take_out_machine(a: dict, b: dict, keys: list) -> dict:
     """Where every process on both sides carries a machine reading (machine_probe.py): take the machine's
     moves out of the configuration's passes, in place, relative to each reading's median over both sides.
 
-    With two readings, what one does not take out is noise to the other's slope (at two threads the
-    hand-over moves the passes more from one round to the next than the machine's computing speed does),
-    which flattens it; so each slope is refitted a few times with the other's share taken out (backfitting).
-    key -> {raw_change, se_log, readings: name -> {slope, change, se_log}} for every configuration that
-    carried one (a slope of 0: its latency did not follow that reading, and nothing was taken out). se_log
-    is what the slopes' own errors do to the change: the farther a reading moved between the runs, the more
-    they matter. Across thread counts nothing is taken out: the slopes differ, and the probe reads
-    different work."""
-    out = {}
+    A configuration's slope comes from how its passes followed the reading within each run. Where that is
+    not significant (the machine held still within each run, whatever it did between them), the slope of
+    all the configurations at its thread count together is used: each alone may have too little spread
+    in the reading to show it. With two readings, what one does not take out is noise to the other's slope
+    (at two threads the hand-over moves the passes more from one round to the next than the machine's
+    computing speed does), which flattens it; so each slope is refitted a few times with the other's share
+    taken out (backfitting). key -> {raw_change, se_log, readings: name -> {slope, pooled, change, se_log}}
+    for every configuration that carried one (a slope of 0: its latency did not follow that reading, and
+    nothing was taken out). se_log is what the slopes' own errors do to the change: the farther a reading
+    moved between the runs, the more they matter. Across thread counts nothing is taken out: the slopes
+    differ, and the probe reads different work."""
+    plans = {}
     for key in keys:
         ea, eb = a[key], b[key]
         if not ea["median_ms"] or not eb["median_ms"] or ea["record"]["threads"] != eb["record"]["threads"]:
             continue
-        used = [(column, name, block) for column, name, fewest, block in MACHINE_READINGS
+        used = [column for column, _, fewest, _ in MACHINE_READINGS
                 if ea["record"]["threads"] >= fewest and _carried(ea, eb, column)]
-        if not used:
-            continue
-        sides = [(e["groups"], e["rounds"]) for e in (ea, eb)]
-        logs = {column: [np.log([r[column] for rounds in side[1] for r in rounds]) for side in sides]
-                for column, _, _ in used}
-        centres = {column: float(np.exp(np.median(np.concatenate(v)))) for column, v in logs.items()}
-        slopes = {column: (0.0, 0.0) for column, _, _ in used}
-        for _ in range(BACKFIT if len(used) > 1 else 1):
-            for column, _, block in used:
-                others = {c: s for c, s in slopes.items() if c != column}
-                slopes[column] = stats.machine_slope(
-                    [list(zip(_without(groups, rounds, others, centres), rounds, strict=True))
-                     for groups, rounds in sides], column, block)
+        if used:
+            sides = [(e["groups"], e["rounds"]) for e in (ea, eb)]
+            logs = {c: [np.log([r[c] for rounds in side[1] for r in rounds]) for side in sides] for c in used}
+            plans[key] = (ea["record"]["threads"], used, sides, logs,
+                          {c: float(np.exp(np.median(np.concatenate(v)))) for c, v in logs.items()})
+    slopes = {key: {c: (0.0, 0.0, False) for c in plan[1]} for key, plan in plans.items()}
+    for _ in range(BACKFIT if any(len(plan[1]) > 1 for plan in plans.values()) else 1):
+        for column, _, _, block in MACHINE_READINGS:
+            own, together = {}, {}
+            for key, (threads, used, sides, _, centres) in plans.items():
+                if column in used:
+                    others = {c: s for c, s in slopes[key].items() if c != column}
+                    fitted = [list(zip(_without(groups, rounds, others, centres), rounds, strict=True))
+                              for groups, rounds in sides]
+                    own[key] = stats.machine_slope(fitted, column, block)
+                    together.setdefault(threads, []).extend(fitted)
+            pooled = {threads: stats.machine_slope(fitted, column, block) for threads, fitted in together.items()}
+            for key, (slope, se) in own.items():
+                slopes[key][column] = (slope, se, False) if slope > 0 else (*pooled[plans[key][0]], True)
+    out = {}
+    for key, (_, used, sides, logs, centres) in plans.items():
+        ea, eb = a[key], b[key]
         raw = eb["median_ms"] / ea["median_ms"] - 1
         for e, (groups, rounds) in zip((ea, eb), sides, strict=True):
-            e["groups"] = _without(groups, rounds, slopes, centres)
+            e["groups"] = _without(groups, rounds, slopes[key], centres)
             median = float(np.median([np.median(g) for g in e["groups"]]))
             if e["throughput"]:
                 e["throughput"] *= e["median_ms"] / median
             e["median_ms"] = median
         readings = {}
-        for column, name, _ in used:
-            moved = float(np.median(logs[column][1]) - np.median(logs[column][0]))
-            readings[name] = {"slope": slopes[column][0], "change": float(np.expm1(moved)),
-                              "se_log": slopes[column][1] * abs(moved)}
+        for column, name, _, _ in MACHINE_READINGS:
+            if column in used:
+                slope, se, pooled = slopes[key][column]
+                moved = float(np.median(logs[column][1]) - np.median(logs[column][0]))
+                readings[name] = {"slope": slope, "pooled": pooled, "change": float(np.expm1(moved)),
+                                  "se_log": se * abs(moved)}
         out[key] = {"raw_change": raw, "readings": readings,
                     "se_log": float(np.sqrt(sum(r["se_log"] ** 2 for r in readings.values())))}
     return out
@@ -320,10 +334,10 @@ def _carried(ea: dict, eb: dict, column: int) -> bool:
 
 
 def _without(groups: list, rounds: list, slopes: dict, centres: dict) -> list:
-    """Each process's passes with the shares of the readings (column -> (slope, se)) taken out."""
+    """Each process's passes with the shares of the readings (column -> (slope, ...)) taken out."""
     out = []
     for passes, process_rounds in zip(groups, rounds, strict=True):
-        for column, (slope, _) in slopes.items():
+        for column, (slope, *_) in slopes.items():
             if slope > 0:
                 passes = stats.without_machine(passes, process_rounds, slope, centres[column], column)
         out.append(passes)

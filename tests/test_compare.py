@@ -565,6 +565,30 @@ def test_the_machine_readings_take_the_machines_move_out_but_not_the_codes():
     assert "machine_readings" not in unadjusted and unadjusted["verdict"] == "regression"
 
 
+def test_a_configuration_with_too_little_of_its_own_takes_the_slope_of_all_at_its_thread_count():
+    """Ten configurations of two short processes a side: each alone has too few rounds for a slope of its
+    own, together they show how the models follow the reference, and the machine's move between the runs
+    (20% slower at computing) is taken out of every one of them."""
+    rng = np.random.default_rng(4)
+
+    def run(label, machine):
+        records = []
+        for model in range(10):
+            for _ in range(2):
+                r = next(iter(probed_run(rng, label, machine=machine, threads=1, processes=1).records))
+                keep = sum(n for n, _, _ in r["probe"]["rounds"][:3])
+                records.append({**r, "model": f"m{model}", "samples_ms": r["samples_ms"][:keep],
+                                "probe": {**r["probe"], "rounds": r["probe"]["rounds"][:3]}})
+        return cmp.Run(label, records)
+
+    rows = cmp.compare(run("a", 1.0), run("b", 1.2)).rows
+    readings = [r["machine_readings"]["readings"]["reference"] for r in rows]
+    assert all(x["pooled"] and x["slope"] > 0.4 for x in readings), readings
+    assert np.median([r["machine_readings"]["raw_change"] for r in rows]) > 0.1
+    assert abs(np.median([r["latency_change"]["rel"] for r in rows])) < 0.05
+    assert not any(r["verdict"] == "regression" for r in rows)
+
+
 def turned_run(rng, label, configs: int = 12, code=None, turn_sd=0.08, moved=None) -> cmp.Run:
     """Configurations (threads 1..n) each in two processes that took 20 turns with the others in a sweep:
     every turn at its own machine state (lognormal, turn_sd); `code`: threads -> slowdown; `moved`: one
