@@ -60,7 +60,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-oversubscribe", action="store_true",
                    help="allow more threads than CPUs available to this process")
     p.add_argument("--probe", action="store_true",
-                   help="after every second of passes, read the machine (one core's speed at fixed numpy kernels, "
+                   help="after every second of passes, read the machine (one core's speed at numpy matmuls, "
                         "and how fast the cores hand work over) so compare can take its moves out of a change")
     p.add_argument("--json", action="store_true", help="print the records as JSON lines instead of a table")
     # Set by the sweep and throughput drivers for the processes they start.

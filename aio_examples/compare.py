@@ -255,12 +255,12 @@ def compare(baseline: Run, new: Run, threshold: float = DEFAULT_THRESHOLD, confi
 
 # The machine readings taken out of a configuration's passes, in this order: (round column, name, fewest
 # threads, rounds a point of its slope). The reference (one core's speed, nothing of the framework in it) at
-# every thread count, its slope fitted on blocks of five rounds: the machine's moves it follows last minutes,
+# every thread count, its slope fitted on blocks of ten rounds: the machine's moves it follows last minutes,
 # and one round's reading is noisy enough to flatten a slope fitted round by round (seven processes of ten
-# configurations here: their medians' spread, 6.8-7.3%, fell to 2.2-2.6% with slopes from single rounds,
-# 1.9-2.2% from blocks of five). Then the hand-over probe, on what is left, where there are cores to hand work
+# configurations here: their medians' spread, 6.8-7.3%, fell to 3.5-3.7% with slopes from single rounds,
+# 1.5-1.6% from blocks of ten). Then the hand-over probe, on what is left, where there are cores to hand work
 # between, round by round: the hand-over moves within seconds.
-MACHINE_READINGS = ((stats.REFERENCE, "reference", 1, 5), (stats.PROBE, "probe", 2, 1))
+MACHINE_READINGS = ((stats.REFERENCE, "reference", 1, 10), (stats.PROBE, "probe", 2, 1))
 BACKFIT = 3              # passes over the readings, each slope refitted with the others' shares taken out
 
 
@@ -602,7 +602,7 @@ def noise_line(c: Comparison) -> str:
 
 
 READING_SAID = {
-    "reference": "the machine reference (one core's speed at numpy kernels: no framework code in it)",
+    "reference": "the machine reference (one core's speed at numpy matmuls: no framework code in it)",
     "probe": "the machine probe (how fast the cores hand work over, on the framework's own threads; a build "
              "that changes how its threads synchronise moves it too: compare its change with the raw one)",
 }
