@@ -264,6 +264,17 @@ MACHINE_READINGS = ((stats.REFERENCE, "reference", 1, 10), (stats.PROBE, "probe"
 BACKFIT = 3              # passes over the readings, each slope refitted with the others' shares taken out
 
 
+@dataclass
+class _Plan:
+    """One configuration's machine readings, both sides: what take_out_machine fits and takes out."""
+
+    threads: int
+    used: list           # the round columns both sides carry
+    sides: list          # per side: (each process's passes, each process's rounds)
+    logs: dict           # column -> per side, the log readings of all its rounds
+    centres: dict        # column -> the reading's median over both sides: what it is taken out relative to
+
+
 def take_out_machine(a: dict, b: dict, keys: list) -> dict:
     """Where every process on both sides carries a machine reading (machine_probe.py): take the machine's
     moves out of the configuration's passes, in place, relative to each reading's median over both sides.
@@ -289,37 +300,37 @@ def take_out_machine(a: dict, b: dict, keys: list) -> dict:
         if used:
             sides = [(e["groups"], e["rounds"]) for e in (ea, eb)]
             logs = {c: [np.log([r[c] for rounds in side[1] for r in rounds]) for side in sides] for c in used}
-            plans[key] = (ea["record"]["threads"], used, sides, logs,
-                          {c: float(np.exp(np.median(np.concatenate(v)))) for c, v in logs.items()})
-    slopes = {key: {c: (0.0, 0.0, False) for c in plan[1]} for key, plan in plans.items()}
-    for _ in range(BACKFIT if any(len(plan[1]) > 1 for plan in plans.values()) else 1):
+            plans[key] = _Plan(ea["record"]["threads"], used, sides, logs,
+                               {c: float(np.exp(np.median(np.concatenate(v)))) for c, v in logs.items()})
+    slopes = {key: {c: (0.0, 0.0, False) for c in plan.used} for key, plan in plans.items()}
+    for _ in range(BACKFIT if any(len(plan.used) > 1 for plan in plans.values()) else 1):
         for column, _, _, block in MACHINE_READINGS:
             own, together = {}, {}
-            for key, (threads, used, sides, _, centres) in plans.items():
-                if column in used:
+            for key, plan in plans.items():
+                if column in plan.used:
                     others = {c: s for c, s in slopes[key].items() if c != column}
-                    fitted = [list(zip(_without(groups, rounds, others, centres), rounds, strict=True))
-                              for groups, rounds in sides]
+                    fitted = [list(zip(_without(groups, rounds, others, plan.centres), rounds, strict=True))
+                              for groups, rounds in plan.sides]
                     own[key] = stats.machine_slope(fitted, column, block)
-                    together.setdefault(threads, []).extend(fitted)
+                    together.setdefault(plan.threads, []).extend(fitted)
             pooled = {threads: stats.machine_slope(fitted, column, block) for threads, fitted in together.items()}
             for key, (slope, se) in own.items():
-                slopes[key][column] = (slope, se, False) if slope > 0 else (*pooled[plans[key][0]], True)
+                slopes[key][column] = (slope, se, False) if slope > 0 else (*pooled[plans[key].threads], True)
     out = {}
-    for key, (_, used, sides, logs, centres) in plans.items():
+    for key, plan in plans.items():
         ea, eb = a[key], b[key]
         raw = eb["median_ms"] / ea["median_ms"] - 1
-        for e, (groups, rounds) in zip((ea, eb), sides, strict=True):
-            e["groups"] = _without(groups, rounds, slopes[key], centres)
+        for e, (groups, rounds) in zip((ea, eb), plan.sides, strict=True):
+            e["groups"] = _without(groups, rounds, slopes[key], plan.centres)
             median = float(np.median([np.median(g) for g in e["groups"]]))
             if e["throughput"]:
                 e["throughput"] *= e["median_ms"] / median
             e["median_ms"] = median
         readings = {}
         for column, name, _, _ in MACHINE_READINGS:
-            if column in used:
+            if column in plan.used:
                 slope, se, pooled = slopes[key][column]
-                moved = float(np.median(logs[column][1]) - np.median(logs[column][0]))
+                moved = float(np.median(plan.logs[column][1]) - np.median(plan.logs[column][0]))
                 readings[name] = {"slope": slope, "pooled": pooled, "change": float(np.expm1(moved)),
                                   "se_log": se * abs(moved)}
         out[key] = {"raw_change": raw, "readings": readings,
