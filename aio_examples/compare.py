@@ -37,6 +37,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -272,7 +273,11 @@ class _Plan:
     used: list           # the round columns both sides carry
     sides: list          # per side: (each process's passes, each process's rounds)
     logs: dict           # column -> per side, the log readings of all its rounds
-    centres: dict        # column -> the reading's median over both sides: what it is taken out relative to
+
+    @cached_property
+    def centres(self) -> dict:
+        """column -> the reading's median over both sides: what it is taken out relative to."""
+        return {c: float(np.exp(np.median(np.concatenate(v)))) for c, v in self.logs.items()}
 
 
 def take_out_machine(a: dict, b: dict, keys: list) -> dict:
@@ -300,8 +305,7 @@ def take_out_machine(a: dict, b: dict, keys: list) -> dict:
         if used:
             sides = [(e["groups"], e["rounds"]) for e in (ea, eb)]
             logs = {c: [np.log([r[c] for rounds in side[1] for r in rounds]) for side in sides] for c in used}
-            plans[key] = _Plan(ea["record"]["threads"], used, sides, logs,
-                               {c: float(np.exp(np.median(np.concatenate(v)))) for c, v in logs.items()})
+            plans[key] = _Plan(ea["record"]["threads"], used, sides, logs)
     slopes = {key: {c: (0.0, 0.0, False) for c in plan.used} for key, plan in plans.items()}
     for _ in range(BACKFIT if any(len(plan.used) > 1 for plan in plans.values()) else 1):
         for column, _, _, block in MACHINE_READINGS:

@@ -56,7 +56,7 @@ class MachineProbe:
         self._blas = ThreadpoolController().select(user_api="blas")
         for _ in range(3):          # the thread pools start, the buffers are touched
             self._pass()
-            self._reference_pass()
+            self._reference(0)
 
     def _pass(self) -> int:
         add, x, y, out = self._torch.add, self._x, self._y, self._out
@@ -67,14 +67,18 @@ class MachineProbe:
 
     def _reference_pass(self) -> int:
         a, b, c = self._a, self._b, self._c
+        t0 = time.perf_counter_ns()
+        for _ in range(MATMULS):
+            np.matmul(a, b, out=c)
+        return time.perf_counter_ns() - t0
+
+    def _reference(self, seconds: float) -> float:
+        """Median ms of the reference passes over `seconds` (at least one), BLAS held to one thread."""
         with self._blas.limit(limits=1):
-            t0 = time.perf_counter_ns()
-            for _ in range(MATMULS):
-                np.matmul(a, b, out=c)
-            return time.perf_counter_ns() - t0
+            return _median_ms(self._reference_pass, seconds)
 
     def slice(self) -> list[float]:
-        return [round(_median_ms(self._pass, SLICE_S), 5), round(_median_ms(self._reference_pass, REFERENCE_S), 5)]
+        return [round(_median_ms(self._pass, SLICE_S), 5), round(self._reference(REFERENCE_S), 5)]
 
 
 def _median_ms(one_pass, seconds: float) -> float:
