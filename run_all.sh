@@ -48,8 +48,8 @@ if [ $nightly = 1 ]; then
     # Check the threshold before the measuring, not after it.
     "$PY" - "${threshold:-5%}" <<'PYCHECK' || exit 2
 import sys
-from aio_examples.compare import parse_threshold
-from aio_examples.errors import UsageError
+from aio_examples.analysis.compare import parse_threshold
+from aio_examples.core.errors import UsageError
 try:
     parse_threshold(sys.argv[1])
 except UsageError as exc:

@@ -39,7 +39,7 @@ done
 if [ -n "$threads" ]; then
     export AIO_NUM_THREADS=$threads OMP_NUM_THREADS=$threads
 elif [ -z "${AIO_NUM_THREADS:-}" ] && [ -z "${OMP_NUM_THREADS:-}" ]; then
-    cores=$("$PY" -c "from aio_examples.topology import read_topology; print(read_topology().physical_cores)")
+    cores=$("$PY" -c "from aio_examples.machine.topology import read_topology; print(read_topology().physical_cores)")
     export AIO_NUM_THREADS=$cores OMP_NUM_THREADS=$cores
 fi
 

@@ -5,11 +5,14 @@
 """
 
 from .aio_compile import install as _install_aio_backend
+from .compat import renamed as _renamed
 
 __version__ = "0.1.0"
 
 # torch.compile(backend="aio") works after `import aio_examples`, without importing torch here.
 _install_aio_backend()
+# Release 0.1's module paths (aio_examples.compare, aio_examples.report, ...) still import, with a warning.
+_renamed.install()
 
 
 def __getattr__(name):
@@ -19,7 +22,7 @@ def __getattr__(name):
 
         return benchmark
     if name == "Result":
-        from .results import Result
+        from .core.records import Result
 
         return Result
     raise AttributeError(name)

@@ -1,11 +1,11 @@
 """The Python API notebooks and users call: `benchmark(...)`."""
 
+from .core.records import Result, check_output_dir
+from .machine.threads import resolve_threads
+from .measurement.runner import RunRequest, run
+from .measurement.timing import StopRule
 from .models import get_model
 from .models.custom import custom_spec
-from .results import Result, check_output_dir
-from .runner import RunRequest, run
-from .threads import resolve_threads
-from .timing import StopRule
 
 
 def benchmark(model, *, precision: str = "fp32", backend: str = "eager", batch_size: int = 1,

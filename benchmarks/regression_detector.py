@@ -19,7 +19,7 @@ of any sweep given twice.
    taken beside it: the machine's state and the readings of it stay together (a process that took
    turns with the others, the nightly sweep's interleave, is rebuilt from blocks of four consecutive
    turns: the machine's slow states outlast one turn). The new run is
-   slowed down by 0%, 3%, 5%, 10% or 20%. Each pair is judged by aio_examples.compare like a real one, whole runs at a time
+   slowed down by 0%, 3%, 5%, 10% or 20%. Each pair is judged by aio_examples.analysis.compare like a real one, whole runs at a time
    (so the between-run noise is estimated as in a real comparison); --pairs configurations are counted
    per row.
 3. The real runs: the second against the first (nothing changed: no regression may be flagged), each
@@ -43,8 +43,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from aio_examples import compare as cmp
-from aio_examples.stats import split_rounds, summarize
+from aio_examples.analysis import compare as cmp
+from aio_examples.measurement.stats import split_rounds, summarize
 
 SLOWDOWNS = (0.0, 0.03, 0.05, 0.10, 0.20)
 BLOCK = 10

@@ -17,10 +17,10 @@ import torch
 import torch.utils.benchmark as tb
 
 from aio_examples.backends import get_backend
+from aio_examples.machine.threads import resolve_threads
+from aio_examples.measurement.runner import RunRequest, run
+from aio_examples.measurement.timing import StopRule
 from aio_examples.models import get_model
-from aio_examples.runner import RunRequest, run
-from aio_examples.threads import resolve_threads
-from aio_examples.timing import StopRule
 
 
 def main() -> int:

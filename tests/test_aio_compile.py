@@ -9,7 +9,7 @@ from conftest import run_cli
 from torch import nn
 
 from aio_examples import aio_compile
-from aio_examples.errors import UsageError
+from aio_examples.core.errors import UsageError
 
 _ENV = ("AIO_MERGE_LINEAR", "AIO_IMPLICIT_FP16_TRANSFORM_FILTER", "AIO_QUANTIZE_INT8_FILTER",
         "AIO_QUANTIZE_INT8_CONVERT_OUT_DTYPE")

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from aio_examples import benchmark
-from aio_examples.errors import UsageError
+from aio_examples.core.errors import UsageError
 
 
 class TinyNet(nn.Module):

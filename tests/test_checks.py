@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from aio_examples import benchmark
-from aio_examples.checks import COSINE_MIN, compare, flatten
+from aio_examples.measurement.output_check import COSINE_MIN, compare, flatten
 
 
 def logits(seed, n=1, classes=1000):

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from conftest import ROOT, run_cli
 
-from aio_examples.results import SCHEMA_VERSION
+from aio_examples.core.records import SCHEMA_VERSION
 
 RESNET18 = ROOT / "classification" / "resnet_18"
 QUICK = ["--input-size", "64", "--timeout", "1", "-t", "1"]

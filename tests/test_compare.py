@@ -12,14 +12,14 @@ import pytest
 import yaml
 from conftest import ROOT, run_cli
 
-from aio_examples import compare as cmp
-from aio_examples import history as hist
-from aio_examples import results as res
-from aio_examples import stats
-from aio_examples.environment import capture, machine_fingerprint
-from aio_examples.errors import UsageError
-from aio_examples.nightly import nightly
-from aio_examples.stats import summarize
+from aio_examples.analysis import compare as cmp
+from aio_examples.analysis import history as hist
+from aio_examples.core import records as res
+from aio_examples.core.errors import UsageError
+from aio_examples.machine.environment import capture, machine_fingerprint
+from aio_examples.measurement import stats
+from aio_examples.measurement.stats import summarize
+from aio_examples.reporting.nightly import nightly
 
 ENV = capture({})
 OTHER_MACHINE = {**ENV, "cpu_model": "Some Other CPU", "hostname": "elsewhere"}

@@ -4,8 +4,8 @@ import json
 
 from conftest import run_cli
 
-from aio_examples.launch import run_isolated
-from aio_examples.matrix import README_END, README_START, update_readme
+from aio_examples.core.processes import run_isolated
+from aio_examples.drivers.matrix import README_END, README_START, update_readme
 
 
 def test_a_segfault_is_caught_with_its_signal_and_last_stderr_line():

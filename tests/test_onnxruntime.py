@@ -9,12 +9,12 @@ import torch
 from torch import nn
 
 from aio_examples import benchmark
-from aio_examples.artifacts import weights_digest
 from aio_examples.backends import PrepareContext, get_backend
+from aio_examples.backends.artifacts import weights_digest
+from aio_examples.backends.exports import MODEL_FILE, atomic_files, export_onnx
 from aio_examples.backends.onnxruntime import make_session, session_info
-from aio_examples.errors import UnsupportedError
+from aio_examples.core.errors import UnsupportedError
 from aio_examples.models import get_model
-from aio_examples.onnx_export import MODEL_FILE, atomic_files, export_onnx
 
 pytest.importorskip("onnxruntime")
 

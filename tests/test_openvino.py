@@ -6,10 +6,10 @@ import torch
 from torch import nn
 
 from aio_examples import benchmark
-from aio_examples.artifacts import weights_digest
 from aio_examples.backends import PrepareContext
+from aio_examples.backends.artifacts import weights_digest
 from aio_examples.backends.openvino import OpenVinoBackend
-from aio_examples.errors import UnsupportedError
+from aio_examples.core.errors import UnsupportedError
 from aio_examples.models import get_model
 
 BACKEND = OpenVinoBackend()
@@ -171,7 +171,7 @@ def test_detection_outputs_are_flattened_and_agree_with_eager():
     Random weights give every candidate the same score, so conv biases get noise first: ties would
     make which boxes survive arbitrary and the comparison meaningless.
     """
-    from aio_examples.checks import compare
+    from aio_examples.measurement.output_check import compare
 
     spec = get_model("ssdlite320_mobilenet_v3")
     shape = spec.shape(input_size=128)

@@ -6,8 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from aio_examples import benchmark, quantize
+from aio_examples import benchmark
 from aio_examples.backends import BACKENDS, PrepareContext
+from aio_examples.backends import int8 as quantize
 
 
 class LinearNet(nn.Module):

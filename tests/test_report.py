@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 from conftest import run_cli
 
-from aio_examples import results as res
-from aio_examples.report import build_report, geomean_speedups, suite_frame, summary_frame
+from aio_examples.core import records as res
+from aio_examples.reporting.report import build_report, geomean_speedups, suite_frame, summary_frame
 
 
 def record(model, backend, median, status="ok", precision="fp32", threads=2, flops=None, **extra):
@@ -84,7 +84,7 @@ def test_report_command_names_a_bad_input(tmp_path):
 def test_peak_is_measured_per_precision_and_threads_and_gives_every_counted_record_a_share(small_sweep, tmp_path):
     proc = run_cli(["-m", "aio_examples", "peak", "--precisions", "fp32", "--threads", "1,2"])
     assert proc.returncode == 0, proc.stderr[-2000:]
-    from aio_examples import peak
+    from aio_examples.machine import peak
 
     table = peak.cached()["peaks"]["fp32"]
     assert set(table) == {"1", "2"} and all(e["gflops"] > 0 and e["engine"] in e["engines"] for e in table.values())

@@ -3,8 +3,8 @@ import json
 import pandas as pd
 import pytest
 
-from aio_examples import results as res
-from aio_examples.errors import UsageError
+from aio_examples.core import records as res
+from aio_examples.core.errors import UsageError
 
 
 def record(**kw):
@@ -42,7 +42,7 @@ def test_table_shows_reasons():
 def test_debug_mode_levels():
     import logging
 
-    from aio_examples.log import configure, debug_mode, logger
+    from aio_examples.core.log import configure, debug_mode, logger
 
     assert debug_mode({}) == 2
     assert debug_mode({"AIO_DEBUG_MODE": "4"}) == 4

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from aio_examples.stats import median_ci, summarize
+from aio_examples.measurement.stats import median_ci, summarize
 
 
 def test_summary_matches_numpy():
@@ -54,7 +54,7 @@ def _probed_side(rng, slope, level=1.0, processes=5, rounds=10, passes=20, machi
 
 
 def test_machine_slope_recovers_how_a_model_follows_the_machine():
-    from aio_examples.stats import machine_slope, without_machine
+    from aio_examples.measurement.stats import machine_slope, without_machine
 
     rng = np.random.default_rng(3)
     for truth in (0.4, 1.0):
@@ -83,7 +83,7 @@ def _drifting_side(rng, level=1.0, processes=4, rounds=30):
 
 
 def test_a_noisy_reading_flattens_a_slope_fitted_round_by_round_and_blocks_of_rounds_undo_it():
-    from aio_examples.stats import REFERENCE, machine_slope
+    from aio_examples.measurement.stats import REFERENCE, machine_slope
 
     rng = np.random.default_rng(5)
     by_round, by_block = [], []
@@ -104,7 +104,7 @@ def turned_process(rng, turns: int, turn_sd: float, passes: int = 25, level: flo
 def test_turn_noise_is_how_much_the_median_of_the_turns_moves():
     """Against the sd of the side median over many simulated sides: the turns' estimate is close, grows
     with the turns' spread, has up to T - 1 degrees of freedom per process, and needs enough turns."""
-    from aio_examples.stats import median_variance, turn_noise
+    from aio_examples.measurement.stats import median_variance, turn_noise
 
     rng = np.random.default_rng(3)
     for turn_sd in (0.05, 0.15):

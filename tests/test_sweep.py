@@ -14,11 +14,11 @@ import psutil
 import pytest
 from conftest import ROOT, SMALL_SWEEP, run_cli
 
-from aio_examples import allocators
-from aio_examples.binding import Binding, plan, probe
-from aio_examples.errors import UsageError
-from aio_examples.sweep import SweepConfig
-from aio_examples.topology import from_lscpu, read_topology
+from aio_examples.core.errors import UsageError
+from aio_examples.drivers.sweep import SweepConfig
+from aio_examples.machine import allocators
+from aio_examples.machine.binding import Binding, plan, probe
+from aio_examples.machine.topology import from_lscpu, read_topology
 
 needs_numactl = pytest.mark.skipif(shutil.which("numactl") is None, reason="numactl is not installed")
 SMALL = ["squeezenet", "--input-size", "32", "--timeout", "0.5", "--point-timeout", "120", "--quiet"]
@@ -167,7 +167,7 @@ def test_two_instances_on_disjoint_cores_sum_their_throughput(tmp_path):
 
 
 def test_aggregate_sums_the_work_of_the_window_all_instances_ran():
-    from aio_examples.instances import aggregate
+    from aio_examples.drivers.instances import aggregate
 
     ms = 1_000_000
     fast = {"window_start_ns": 0, "pass_ends_ns": [i * 10 * ms for i in range(1, 102)], "task_size": 1}   # to 1010 ms
@@ -271,7 +271,7 @@ def test_points_taking_turns_interleave_their_rounds_and_one_that_dies_does_not_
 
 def test_a_group_taking_turns_stops_growing_when_memory_is_short(tmp_path, monkeypatch):
     """With no memory to spare for another process, each point runs alone: its turns are all its own."""
-    from aio_examples import sweep as sweep_mod
+    from aio_examples.drivers import sweep as sweep_mod
 
     monkeypatch.setattr(sweep_mod, "MEMORY_MARGIN", 1 << 60)
     cfg = SweepConfig(["squeezenet"], backends=["eager", "onnxruntime"], threads=[1], shape={"input_size": 32},

@@ -2,9 +2,9 @@ from pathlib import Path
 
 import pytest
 
-from aio_examples.errors import UsageError
-from aio_examples.threads import resolve_threads
-from aio_examples.topology import Topology, parse_cpu_list, read_topology
+from aio_examples.core.errors import UsageError
+from aio_examples.machine.threads import resolve_threads
+from aio_examples.machine.topology import Topology, parse_cpu_list, read_topology
 
 
 def make_sysfs(root: Path, cpus: dict[int, tuple[int, int]], nodes=(0,)) -> Path:

@@ -5,9 +5,9 @@ import itertools
 import numpy as np
 import pytest
 
-from aio_examples import timing
-from aio_examples.errors import UsageError
-from aio_examples.timing import Measurement, StopRule, consume, measure
+from aio_examples.core.errors import UsageError
+from aio_examples.measurement import timing
+from aio_examples.measurement.timing import Measurement, StopRule, consume, measure
 
 
 class FakeClock:
@@ -214,7 +214,7 @@ def test_a_probe_is_read_after_every_round_of_a_lone_measurement(clock):
 
 
 def test_the_machine_probe_is_a_real_timed_workload():
-    from aio_examples.machine_probe import REFERENCE_S, SLICE_S, MachineProbe
+    from aio_examples.machine.probe import REFERENCE_S, SLICE_S, MachineProbe
 
     probe = MachineProbe()
     readings = [probe.slice() for _ in range(3)]
@@ -229,7 +229,7 @@ def sweep_side(commands: list[str]):
     import threading
     from multiprocessing.connection import Connection
 
-    from aio_examples.turns import Turns
+    from aio_examples.drivers.turns import Turns
 
     to_r, to_w = os.pipe()
     from_r, from_w = os.pipe()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from aio_examples.errors import UsageError
-from aio_examples.topology import (
+from aio_examples.core.errors import UsageError
+from aio_examples.machine.topology import (
     Topology,
     cgroup_cpu_limit,
     format_cpu_list,

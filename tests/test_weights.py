@@ -4,7 +4,7 @@ import pytest
 import torch
 from conftest import ROOT, run_cli
 
-from aio_examples.errors import UsageError
+from aio_examples.core.errors import UsageError
 from aio_examples.models import get_model
 
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from aio_examples.backends import Prepared
+from aio_examples.measurement.timing import consume
 from aio_examples.models import ZOO
-from aio_examples.timing import consume
 
 SMALL = {"image-classification": {"input_size": 64}, "object-detection": {"input_size": 128}}
 SMALL_SIZES = {"inception_v3": {"input_size": 80}, "vit_b_16": {"input_size": 224}}

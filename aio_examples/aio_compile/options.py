@@ -8,7 +8,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from ..errors import UsageError
+from ..core.errors import UsageError
 
 ENV_MERGE_LINEAR = "AIO_MERGE_LINEAR"
 ENV_FP16_FILTER = "AIO_IMPLICIT_FP16_TRANSFORM_FILTER"

@@ -1,12 +1,12 @@
 """Backend registry: one line per backend, each in its own module."""
 
-from ..errors import UsageError
-from .aio import AioBackend
+from ..core.errors import UsageError
 from .base import Backend, PrepareContext, Prepared
 from .eager import EagerBackend
 from .inductor import InductorBackend
 from .onnxruntime import OnnxRuntimeBackend
 from .openvino import OpenVinoBackend
+from .optimized import AioBackend
 from .torchscript import TorchScriptBackend
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (

@@ -1,7 +1,7 @@
 """PyTorch eager mode: the reference every speedup is measured against."""
 
-from .. import precision as prec
-from .. import quantize
+from ..core import precision as prec
+from . import int8 as quantize
 from .base import Backend, Prepared
 
 

@@ -1,7 +1,7 @@
 """torch.compile with inductor, freezing on, threads fixed at compile time."""
 
-from .. import precision as prec
-from .. import quantize
+from ..core import precision as prec
+from . import int8 as quantize
 from .base import Backend, Prepared
 
 

@@ -17,11 +17,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from ..artifacts import key
-from ..errors import UnsupportedError, short_error
-from ..log import logger
-from ..onnx_export import atomic_files, export_onnx, input_names
+from ..core.errors import UnsupportedError, short_error
+from ..core.log import logger
+from .artifacts import key
 from .base import Backend, Prepared
+from .exports import atomic_files, export_onnx, input_names
 
 GENERATION_REASON = ("text generation steps a mutable static KV cache held by the torch model; "
                      "an exported ONNX graph cannot carry that cache between calls")
@@ -45,7 +45,7 @@ class OnnxRuntimeBackend(Backend):
         return GENERATION_REASON if spec.task == "text-generation" else super().unsupported_reason(spec, precision)
 
     def prepare(self, model, example_inputs, precision, threads, ctx):
-        from .. import precision as prec
+        from ..core import precision as prec
 
         if ctx.task == "text-generation":
             raise UnsupportedError(GENERATION_REASON)
@@ -173,8 +173,8 @@ def _check_kernels(precision: str, mode: str, kernels, info: dict) -> str:
 
 def _int8_scheme(model, example_inputs, ctx) -> tuple[dict, list]:
     """The quantization scheme for `model` and its calibration samples (none for dynamic)."""
-    from ..environment import capture
-    from ..quantize import is_conv_net
+    from ..machine.environment import capture
+    from .int8 import is_conv_net
 
     # x86 int8 kernels multiply uint8 activations by int8 weights with an instruction whose 16-bit sums
     # saturate unless the CPU has VNNI: 7-bit weights keep them in range (ORT's advice for such CPUs).

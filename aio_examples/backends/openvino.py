@@ -14,8 +14,8 @@ import time
 import warnings
 from pathlib import Path
 
-from ..artifacts import artifact_dir, describe_inputs
-from ..errors import UnsupportedError
+from ..core.errors import UnsupportedError
+from .artifacts import artifact_dir, describe_inputs
 from .base import Backend, Prepared
 
 # precision -> (INFERENCE_PRECISION_HINT asked, the OPTIMIZATION_CAPABILITIES entry the CPU needs for it).
@@ -35,7 +35,7 @@ class OpenVinoBackend(Backend):
     def unavailable_reason(self):
         if importlib.util.find_spec("openvino") is None:
             return "openvino is not installed (pip install openvino)"
-        from ..allocators import preload_conflict
+        from ..machine.allocators import preload_conflict
 
         preloaded = preload_conflict()
         if preloaded:
@@ -196,7 +196,7 @@ def _quantized(model, fp32_xml: Path, example_inputs, ctx, key: dict) -> tuple[P
         raise UnsupportedError(f"int8 on OpenVINO needs nncf, which cannot be imported ({exc})") from None
     import openvino as ov
 
-    from ..quantize import is_conv_net
+    from .int8 import is_conv_net
 
     samples = [tuple(t.detach().numpy() for t in s)
                for s in ctx.calibration_inputs(example_inputs, _CALIBRATION_SAMPLES)]

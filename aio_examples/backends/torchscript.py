@@ -1,8 +1,8 @@
 """TorchScript: trace (or script, where the model needs it), freeze, optimize for inference."""
 
-from .. import precision as prec
-from .. import quantize
-from ..errors import UnsupportedError
+from ..core import precision as prec
+from ..core.errors import UnsupportedError
+from . import int8 as quantize
 from .base import Backend, Prepared
 
 

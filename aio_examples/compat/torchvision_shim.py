@@ -19,8 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..errors import SetupError
-from ..paths import cache_dir
+from ..core.errors import SetupError
+from ..core.paths import cache_dir
 
 STUB_NAMESPACES = ("c10::cuda::", "at::cuda::")
 STUB_LIBS = ("libc10_cuda.so", "libtorch_cuda.so")

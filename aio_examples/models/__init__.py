@@ -1,6 +1,6 @@
 """The model zoo: one registry entry per model."""
 
-from ..errors import UsageError
+from ..core.errors import UsageError
 from .base import ModelSpec, file_sha256, load_state_dict_file
 from .nlp import CausalLM, Encoder
 from .vision import Classifier, Detector

@@ -5,7 +5,7 @@ import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import UsageError
+from ..core.errors import UsageError
 
 
 @dataclass(frozen=True)

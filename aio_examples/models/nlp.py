@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import UsageError
+from ..core.errors import UsageError
 from .base import ModelSpec
 
 QUESTION = "Which settings decide how fast a model runs on a CPU?"

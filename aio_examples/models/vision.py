@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ..compat.torchvision_shim import ensure_torchvision
-from ..errors import UsageError
+from ..core.errors import UsageError
 from .base import ModelSpec
 
 

@@ -1,0 +1,293 @@
+"""The history store: every run's records with their environment, in one SQLite file.
+
+Default path `results/history.sqlite` (`--history PATH` or `AIO_HISTORY` elsewhere). Each `add` is one
+transaction, so an interrupted or failed add leaves the store as it was; the same records added twice are
+stored once. A file that is not a usable database is never recreated over: the error names it and
+nothing in it is touched.
+"""
+
+import hashlib
+import json
+import os
+import sqlite3
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+
+from ..core.errors import UsageError
+from ..machine.environment import machine_description, machine_fingerprint
+from .compare import KEY_FIELDS, Run, config_key
+
+DEFAULT_PATH = Path("results") / "history.sqlite"
+SCHEMA_VERSION = 1
+LOCK_TIMEOUT_S = 10.0
+MIN_RUNS_FOR_NOISE = 5          # run-to-run spread is only trusted from this many earlier runs
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY,
+    digest TEXT NOT NULL UNIQUE,          -- of the records: the same run is stored once
+    source TEXT NOT NULL,
+    label TEXT,
+    added_at TEXT NOT NULL,
+    started_at TEXT,                      -- earliest record timestamp
+    machine TEXT,                         -- hardware fingerprint (environment.machine_fingerprint)
+    machine_desc TEXT,
+    git_commit TEXT,
+    versions TEXT,                        -- JSON: library versions of the run
+    env TEXT                              -- JSON: the full environment of its first record
+);
+CREATE TABLE IF NOT EXISTS records (
+    id INTEGER PRIMARY KEY,
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    model TEXT NOT NULL, backend TEXT NOT NULL, precision TEXT NOT NULL,
+    batch_size INTEGER NOT NULL, threads INTEGER NOT NULL, instances INTEGER NOT NULL,
+    allocator TEXT, shape TEXT, status TEXT NOT NULL,
+    median_ms REAL, throughput REAL, unit TEXT, timestamp TEXT,
+    record TEXT NOT NULL                  -- JSON: the record as written, samples included
+);
+CREATE INDEX IF NOT EXISTS records_config ON records (model, backend, precision, batch_size, threads);
+CREATE INDEX IF NOT EXISTS runs_machine ON runs (machine, started_at);
+"""
+
+
+def default_path() -> Path:
+    return Path(os.environ.get("AIO_HISTORY") or DEFAULT_PATH)
+
+
+class History:
+    """`with History.open(path) as h: h.add(...)`."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path):
+        self.conn, self.path = conn, path
+
+    @classmethod
+    def open(cls, path=None, create: bool = True) -> "History":
+        path = Path(path) if path else default_path()
+        if not path.exists():
+            if not create:
+                raise UsageError(f"history database {str(path)!r} does not exist; accepted: a file made by "
+                                 "'aio-examples history add' (--history PATH or AIO_HISTORY)")
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise UsageError(f"history database {str(path)!r} cannot be created ({exc.strerror})") from exc
+        try:
+            conn = sqlite3.connect(path, timeout=LOCK_TIMEOUT_S, isolation_level=None)
+            conn.execute("PRAGMA foreign_keys = ON")
+            h = cls(conn, path)
+            h._migrate()
+        except sqlite3.Error as exc:
+            raise _db_error(path, exc) from exc
+        return h
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.conn.close()
+
+    def _migrate(self):
+        tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if tables and "meta" not in tables:
+            raise sqlite3.DatabaseError("it is a SQLite database, but not an aio-examples history")
+        if "meta" in tables:
+            row = self.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            if row and int(row[0]) > SCHEMA_VERSION:
+                raise sqlite3.DatabaseError(f"its schema {row[0]} is newer than this aio-examples ({SCHEMA_VERSION})")
+            return
+        with self._transaction():
+            for statement in filter(str.strip, SCHEMA.split(";")):
+                self.conn.execute(statement)
+            self.conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+
+    def _transaction(self):
+        return _Transaction(self)
+
+    # ------------------------------------------------------------ writing
+
+    def add(self, run: Run, label: str | None = None) -> tuple[int, bool]:
+        """Store a run's records in one transaction. Returns (run id, whether it was new)."""
+        records = run.records
+        digest = hashlib.sha256("\n".join(json.dumps(r, sort_keys=True, default=str) for r in records)
+                                .encode()).hexdigest()
+        existing = self.conn.execute("SELECT id FROM runs WHERE digest = ?", (digest,)).fetchone()
+        if existing:
+            return existing[0], False
+        machine = run.machine           # the fingerprint compare and the nightly baseline look up
+        env = next((r["env"] for r in records if machine_fingerprint(r.get("env")) == machine), {})
+        versions = {k: v for k, v in (env.get("versions") or {}).items() if v}
+        with self._transaction():
+            cur = self.conn.execute(
+                "INSERT INTO runs (digest, source, label, added_at, started_at, machine, machine_desc, git_commit, "
+                "versions, env) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (digest, run.label, label, datetime.now(UTC).isoformat(timespec="seconds"), run.started_at, machine,
+                 machine_description(env) if env else None, env.get("git_commit"), json.dumps(versions),
+                 json.dumps(env, default=str)))
+            run_id = cur.lastrowid
+            for r in records:
+                key = dict(zip(KEY_FIELDS, config_key(r, machine)))
+                del key["machine"]               # stored once, with the run
+                self.conn.execute(
+                    "INSERT INTO records (run_id, model, backend, precision, batch_size, threads, instances, "
+                    "allocator, shape, status, median_ms, throughput, unit, timestamp, record) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (run_id, *key.values(), r["status"], (r.get("latency_ms") or {}).get("median"),
+                     (r.get("throughput") or {}).get("value"), (r.get("throughput") or {}).get("unit"),
+                     r.get("timestamp"), json.dumps(r, default=str)))
+        return run_id, True
+
+    # ------------------------------------------------------------ reading
+
+    def runs(self, machine: str | None = None) -> list[dict]:
+        sql = ("SELECT r.id, r.started_at, r.added_at, r.source, r.label, r.machine, r.machine_desc, r.git_commit, "
+               "r.versions, COUNT(x.id) FROM runs r LEFT JOIN records x ON x.run_id = r.id")
+        args = ()
+        if machine:
+            sql, args = sql + " WHERE r.machine = ?", (machine,)
+        rows = self.conn.execute(sql + " GROUP BY r.id ORDER BY r.started_at, r.id", args).fetchall()
+        return [{"id": i, "started_at": s, "added_at": a, "source": src, "label": lab, "machine": m,
+                 "machine_desc": md, "git_commit": g, "versions": json.loads(v or "{}"), "records": n}
+                for i, s, a, src, lab, m, md, g, v, n in rows]
+
+    def latest(self, machine: str | None, exclude: int | None = None, before: str | None = None) -> int | None:
+        """The most recent run on this machine (by when it was measured), other than `exclude`, measured
+        before `before` (an ISO timestamp) when given."""
+        row = self.conn.execute(
+            "SELECT id FROM runs WHERE machine IS ? AND id IS NOT ? AND (? IS NULL OR started_at < ?) "
+            "ORDER BY started_at DESC, id DESC LIMIT 1", (machine, exclude, before, before)).fetchone()
+        return row[0] if row else None
+
+    def run(self, ref: str) -> Run:
+        """`latest` or a run id, as a comparison side."""
+        if ref == "latest":
+            row = self.conn.execute("SELECT id FROM runs ORDER BY started_at DESC, id DESC LIMIT 1").fetchone()
+        elif ref.isdigit():
+            row = self.conn.execute("SELECT id FROM runs WHERE id = ?", (int(ref),)).fetchone()
+        else:
+            raise UsageError(f"history run {ref!r} is invalid; accepted: history:ID (see 'aio-examples history "
+                             "list') or history:latest")
+        if not row:
+            raise UsageError(f"history run {ref!r} is not in {str(self.path)!r}; accepted: an id from "
+                             "'aio-examples history list'")
+        records = [json.loads(t) for (t,) in self.conn.execute(
+            "SELECT record FROM records WHERE run_id = ? ORDER BY id", (row[0],))]
+        return Run(f"history:{row[0]}", records)
+
+    def series(self, model: str, **where) -> list[dict]:
+        """One row per stored record of `model` (filtered by backend, precision, ...), oldest run first."""
+        sql = ("SELECT r.id, r.started_at, r.git_commit, r.versions, x.backend, x.precision, x.batch_size, "
+               "x.threads, x.instances, x.allocator, x.shape, x.status, x.median_ms, x.throughput, x.unit, x.record "
+               "FROM records x JOIN runs r ON r.id = x.run_id WHERE x.model = ?")
+        args = [model]
+        for column, value in where.items():
+            if value is not None:
+                sql += f" AND x.{column} = ?"
+                args.append(value)
+        rows = []
+        for (run_id, started, commit, versions, backend, precision, batch, threads, inst, alloc, shape, status,
+             median, tp, unit, record) in self.conn.execute(sql + " ORDER BY r.started_at, r.id", args):
+            r = json.loads(record)
+            if (r.get("instance") or {}).get("index") is not None:
+                continue
+            lat = r.get("latency_ms") or {}
+            rows.append({"run": run_id, "started_at": started, "git": (commit or "")[:10],
+                         "torch": json.loads(versions or "{}").get("torch"), "backend": backend,
+                         "precision": precision, "batch_size": batch, "threads": threads, "instances": inst,
+                         "allocator": alloc, "shape": shape, "status": status, "median_ms": median,
+                         "ci_low": lat.get("ci_low"), "ci_high": lat.get("ci_high"), "throughput": tp, "unit": unit})
+        return rows
+
+    def run_noise(self, machine: str | None, keys, before: int | None = None) -> dict:
+        """key -> (standard deviation of log median between consecutive earlier runs, its degrees of
+        freedom), from MIN_RUNS_FOR_NOISE runs on.
+
+        This is how much a configuration moves from one run to the next on this machine, which the passes
+        within one run cannot show. A run with repeats counts with the median of its processes, as a
+        comparison judges it. Differences of consecutive runs, over sqrt(2), so a real step change in the
+        past inflates it less than a plain standard deviation would.
+        """
+        out = {}
+        for key in keys:
+            model, backend, precision, batch, threads, inst, alloc, shape, _ = key
+            by_run = {}
+            for run_id, median in self.conn.execute(
+                    "SELECT r.id, x.median_ms FROM records x JOIN runs r ON r.id = x.run_id WHERE r.machine IS ? "
+                    "AND x.model = ? AND x.backend = ? AND x.precision = ? AND x.batch_size = ? AND x.threads = ? "
+                    "AND x.instances = ? AND x.allocator = ? AND x.shape = ? AND x.status = 'ok' "
+                    "AND x.median_ms > 0 AND r.id IS NOT ? ORDER BY r.started_at, r.id",
+                    (machine, model, backend, precision, batch, threads, inst, alloc, shape, before)):
+                by_run.setdefault(run_id, []).append(median)
+            if len(by_run) >= MIN_RUNS_FOR_NOISE:
+                steps = np.diff(np.log([np.median(m) for m in by_run.values()]))
+                out[key] = (float(np.std(steps, ddof=1) / np.sqrt(2)), float(steps.size - 1))
+        return out
+
+
+class _Transaction:
+    """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on any error (nothing half-written stays)."""
+
+    def __init__(self, history: History):
+        self.h = history
+
+    def __enter__(self):
+        try:
+            self.h.conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise _db_error(self.h.path, exc) from exc
+
+    def __exit__(self, kind, exc, tb):
+        if kind is None:
+            try:
+                self.h.conn.execute("COMMIT")
+                return False
+            except sqlite3.Error as commit_exc:
+                self.h.conn.execute("ROLLBACK")
+                raise _db_error(self.h.path, commit_exc) from commit_exc
+        self.h.conn.execute("ROLLBACK")
+        if isinstance(exc, sqlite3.Error):
+            raise _db_error(self.h.path, exc) from exc
+        return False
+
+
+def _db_error(path: Path, exc: sqlite3.Error) -> UsageError:
+    text = str(exc)
+    if "locked" in text or "busy" in text:
+        return UsageError(f"history database {str(path)!r} is locked by another process (waited "
+                          f"{LOCK_TIMEOUT_S:.0f} s); nothing was changed: retry when it is done")
+    return UsageError(f"history database {str(path)!r} cannot be used ({text}); nothing in it was changed: "
+                      "move it aside to start a new history")
+
+
+def plot_series(rows: list[dict], title: str, path: Path) -> Path:
+    """Median latency per run with its confidence interval, one line per configuration."""
+    from ..reporting.report import _figure, _save
+
+    fig, ax = _figure(9.0, 4.0)
+    groups = {}
+    for r in rows:
+        if r["status"] == "ok" and r["median_ms"]:
+            label = f"{r['backend']} {r['precision']} b{r['batch_size']} t{r['threads']}" + \
+                    (f" x{r['instances']}" if r["instances"] > 1 else "")
+            groups.setdefault(label, []).append(r)
+    for label, rs in sorted(groups.items()):
+        x = [r["run"] for r in rs]
+        y = [r["median_ms"] for r in rs]
+        lo = [r["median_ms"] - (r["ci_low"] if _finite(r["ci_low"]) else r["median_ms"]) for r in rs]
+        hi = [(r["ci_high"] if _finite(r["ci_high"]) else r["median_ms"]) - r["median_ms"] for r in rs]
+        ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, label=label)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("history run")
+    ax.set_ylabel("median latency (ms)")
+    ax.set_title(title)
+    if groups:
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and np.isfinite(v)

@@ -1,0 +1,300 @@
+"""int8 quantization shared by the torch backends: which scheme fits a model, applying it, and proof it ran.
+
+Two schemes, chosen by `is_conv_net` (do convolutions or Linear layers do most of the work):
+
+- Linear-heavy models (transformers, ViT) take *dynamic* int8: weights are int8 ahead of time and
+  activations are quantized on each call from their own range, so no calibration is needed.
+  Without a compiler (eager, TorchScript) that is torch.ao `quantize_dynamic`, which swaps each
+  `nn.Linear` for a module calling the `quantized::linear_dynamic` kernel (`dynamic_int8`).
+  Dynamo cannot trace those modules' packed weights (it breaks the graph at each one), so inductor
+  takes the PT2E flow instead (`pt2e_int8(..., dynamic=True)`).
+- Conv nets take *static* int8: activation scales come from calibration batches. That is the PT2E
+  flow (`torch.export`, torchao's X86InductorQuantizer, calibrate, convert): the converted graph is
+  quantize/dequantize around fp32 ops, and only inductor's lowering turns it into oneDNN int8
+  convolutions. Run as it is, it would be fp32 work labelled int8, so no backend without that
+  lowering may run it (`eager_int8` refuses conv nets).
+
+Every path proves int8 executed: `quantized_modules`, `torchscript_int8_kernels` and `lowered_int8_kernels`
+count the int8 kernels that will run, and raise `UnsupportedError` when there are none.
+"""
+
+import logging
+import math
+import re
+from collections import Counter
+from contextlib import contextmanager
+
+from ..core.errors import UnsupportedError
+from ..core.log import logger
+
+DYNAMIC_LINEAR = "int8-dynamic-linear"    # torch.ao quantize_dynamic: int8 Linear kernels, no compiler
+PT2E_STATIC = "int8-pt2e-static"          # PT2E, calibrated activation scales, lowered by inductor
+PT2E_DYNAMIC = "int8-pt2e-dynamic"        # PT2E, per-call activation scales, lowered by inductor
+CALIBRATION_BATCHES = 8
+STATIC_NEEDS_INDUCTOR = ("static int8 for conv nets runs through inductor lowering; "
+                         "use --backend inductor or aio")
+GENERATION_STEP = ("int8 PT2E captures one fixed graph, but a generation step takes a KV cache that it "
+                   "mutates and changes shape between prefill and decoding")
+DATA_DEPENDENT = ("int8 PT2E captures one fixed graph, but {name} has data-dependent control flow and shapes "
+                  "(it is scripted, not traced), which torch.export cannot capture")
+# Calls of int8 kernels in inductor's generated wrapper code.
+_LOWERED_INT8 = re.compile(r"torch\.ops\.(onednn\.q\w+|quantized\.\w+|aten\._int_mm)\b")
+
+
+def work_split(module, example_inputs: tuple | None = None) -> tuple[int, int]:
+    """(convolution, Linear) work in `module`: multiply-accumulates of one pass over `example_inputs`
+    when given, else parameter counts (which rank VGG's big Linear classifier above its convolutions)."""
+    import torch
+    from torch import nn
+
+    layers = [m for m in module.modules() if isinstance(m, (nn.modules.conv._ConvNd, nn.Linear))]
+    if example_inputs is None:
+        conv = sum(p.numel() for m in layers if isinstance(m, nn.modules.conv._ConvNd) for p in m.parameters(False))
+        return conv, sum(p.numel() for m in layers if isinstance(m, nn.Linear) for p in m.parameters(False))
+    macs = {"conv": 0, "linear": 0}
+
+    def count(layer, _inputs, out):
+        if isinstance(layer, nn.Linear):
+            macs["linear"] += out.numel() * layer.in_features
+        else:
+            macs["conv"] += out.numel() * layer.in_channels // layer.groups * math.prod(layer.kernel_size)
+
+    handles = [m.register_forward_hook(count) for m in layers]
+    try:
+        with torch.no_grad():
+            module(*example_inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return macs["conv"], macs["linear"]
+
+
+def is_conv_net(module, example_inputs: tuple | None = None) -> bool:
+    """True when convolutions do most of the work (static int8 with calibration suits these);
+    Linear-heavy models (transformers, ViT) take dynamic int8 instead. Pass `example_inputs` to
+    weigh the work one pass does rather than the parameters."""
+    conv, linear = work_split(module, example_inputs)
+    return conv > linear
+
+
+def is_generation_step(module) -> bool:
+    """A decoding step over a KV cache (it makes its own cache): one exported graph cannot serve it."""
+    return callable(getattr(module, "new_cache", None))
+
+
+def hf_conv1d_to_linear(module) -> int:
+    """Replace transformers' `Conv1D` (GPT-2's projections: `x @ W + b`, weight stored (in, out)) by the
+    equivalent `nn.Linear`, so Linear quantizers see them. Returns how many were replaced."""
+    import torch
+    from torch import nn
+
+    try:
+        from transformers.pytorch_utils import Conv1D
+    except ImportError:
+        return 0
+    replaced = 0
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, Conv1D):
+                linear = nn.Linear(child.weight.shape[0], child.nf, dtype=child.weight.dtype)
+                with torch.no_grad():
+                    linear.weight.copy_(child.weight.t())
+                    linear.bias.copy_(child.bias)
+                setattr(parent, name, linear)
+                replaced += 1
+    return replaced
+
+
+def quantized_modules(module) -> int:
+    """How many dynamically quantized int8 Linear modules `module` holds."""
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantLinear
+
+    return sum(isinstance(m, DynamicQuantLinear) for m in module.modules())
+
+
+def dynamic_int8(model):
+    """Dynamic int8 for every `nn.Linear` (in place): returns (model, info).
+
+    Runs in eager mode and survives tracing; raises UnsupportedError when nothing was quantized.
+    """
+    import torch
+    from torch import nn
+
+    converted = hf_conv1d_to_linear(model)
+    conv_left = sum(p.numel() for m in model.modules() if isinstance(m, nn.modules.conv._ConvNd)
+                    for p in m.parameters(recurse=False))
+    model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
+    count = quantized_modules(model)
+    if not count:
+        raise UnsupportedError(f"dynamic int8 found no nn.Linear to quantize in {type(model).__name__}")
+    info = {"quantizer": "torch.ao.quantization.quantize_dynamic(nn.Linear, qint8)",
+            "quantized_engine": torch.backends.quantized.engine, "quantized_modules": count}
+    if converted:
+        info["conv1d_converted_to_linear"] = converted
+    if conv_left:
+        info["conv_params_left_fp32"] = conv_left
+    # e.g. nn.MultiheadAttention's output projection, which quantize_dynamic leaves alone
+    linear_left = sum(isinstance(m, nn.Linear) for m in model.modules())
+    if linear_left:
+        info["linear_left_fp32"] = linear_left
+    return model, info
+
+
+def eager_int8(model, example_inputs: tuple):
+    """int8 that runs without a compiler: dynamic int8 Linear layers. Returns (model, precision_mode, info).
+
+    Conv nets raise UnsupportedError: their static int8 only becomes int8 kernels through inductor.
+    """
+    if is_conv_net(model, example_inputs):
+        raise UnsupportedError(STATIC_NEEDS_INDUCTOR)
+    model, info = dynamic_int8(model)
+    return model, DYNAMIC_LINEAR, info
+
+
+def _import_pt2e():
+    """torchao's PT2E entry points (importing the quantizer also registers inductor's int8 lowering)."""
+    quiet = not logger.isEnabledFor(logging.DEBUG)
+    ao_logger = logging.getLogger("torchao")
+    level = ao_logger.level
+    if quiet:   # torchao reports, for each of its CUDA-only libraries, that it cannot load it on this build
+        ao_logger.setLevel(logging.ERROR)
+    try:
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+        from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as xiq
+    except ImportError as exc:
+        raise UnsupportedError(f"int8 through inductor needs torchao's PT2E quantizer ({exc}); "
+                               "pip install torchao") from None
+    finally:
+        ao_logger.setLevel(level)
+    return prepare_pt2e, convert_pt2e, xiq
+
+
+def _export(model, example_inputs):
+    """torch.export graph module, and how it was captured.
+
+    Strict (dynamo) capture first: non-strict capture groups every call of a reused module (a ReLU
+    applied twice in a ResNet block) into one partition, which the quantizer's fusion rules reject.
+    """
+    import torch
+
+    errors = []
+    for strict in (True, False):
+        capture = "strict" if strict else "non-strict"
+        try:
+            return torch.export.export(model, example_inputs, strict=strict).module(), capture
+        except Exception as exc:  # noqa: BLE001  (try the other capture, then report both)
+            first_line = (str(exc).strip().splitlines() or [""])[0]
+            errors.append(f"{capture}: {type(exc).__name__}: {first_line[:200]}")
+    raise UnsupportedError(f"int8 PT2E needs a torch.export graph of the model; export failed ({'; '.join(errors)})")
+
+
+def pt2e_int8(model, example_inputs: tuple, calibration: list[tuple] | None = None, dynamic: bool = False):
+    """Quantize `model` with PT2E and torchao's X86InductorQuantizer: returns (graph module, info).
+
+    `dynamic` quantizes activations per call (no calibration; one pass observes the weights);
+    otherwise activation scales come from `calibration` (input tuples; the example inputs when None).
+    The result still computes in fp32 until inductor lowers it: compile it (freezing on) and check
+    with `lowered_int8_kernels`.
+    """
+    import torch
+
+    prepare_pt2e, convert_pt2e, xiq = _import_pt2e()
+    graph, capture = _export(model, example_inputs)
+    reduce_range = not _has_vnni()
+    config = xiq.get_default_x86_inductor_quantization_config(is_dynamic=dynamic, reduce_range=reduce_range)
+    # Dynamic int8 is for the linears; left global, the quantizer also annotates other ops, some of them on
+    # integer tensors (roberta's position ids), which dynamic quantization cannot take.
+    quantizer = xiq.X86InductorQuantizer()
+    quantizer = quantizer.set_module_type_qconfig(torch.nn.Linear, config) if dynamic else quantizer.set_global(config)
+    try:
+        prepared = prepare_pt2e(graph, quantizer)
+    except ValueError as exc:   # the quantizer's pattern matching rejects some graphs
+        raise UnsupportedError(f"X86InductorQuantizer could not annotate the graph: {exc}") from None
+    batches = [example_inputs] if dynamic or calibration is None else list(calibration)
+    with torch.no_grad():
+        for batch in batches:
+            prepared(*batch)
+    converted = convert_pt2e(prepared)
+    ops = Counter(str(n.target).split(".")[1] for n in converted.graph.nodes
+                  if n.op == "call_function" and str(n.target).startswith("quantized_decomposed."))
+    if not ops:
+        raise UnsupportedError("X86InductorQuantizer found nothing to quantize in the model")
+    info = {"quantizer": f"torchao X86InductorQuantizer ({'dynamic' if dynamic else 'static'})",
+            "export": capture, "reduce_range": reduce_range, "qdq_ops": dict(ops)}
+    if not dynamic:
+        info["calibration_batches"] = len(batches)
+    return converted, info
+
+
+def _has_vnni() -> bool:
+    """Without VNNI, x86 int8 kernels can saturate on full-range uint8 activations: use 7 bits then."""
+    import torch
+
+    probe = getattr(torch.cpu, "_is_vnni_supported", None)
+    return bool(probe and probe())
+
+
+def inductor_int8(model, example_inputs: tuple, calibration: list[tuple] | None):
+    """The PT2E scheme that fits `model`: static for conv nets, dynamic otherwise.
+
+    Returns (graph module to compile, precision_mode, info).
+    """
+    if is_generation_step(model):
+        raise UnsupportedError(GENERATION_STEP)
+    if getattr(model, "jit_mode", "trace") == "script":   # the model says a trace would freeze one path
+        raise UnsupportedError(DATA_DEPENDENT.format(name=type(model).__name__))
+    if is_conv_net(model, example_inputs):
+        graph, info = pt2e_int8(model, example_inputs, calibration, dynamic=False)
+        return graph, PT2E_STATIC, info
+    hf_conv1d_to_linear(model)
+    graph, info = pt2e_int8(model, example_inputs, dynamic=True)
+    return graph, PT2E_DYNAMIC, info
+
+
+@contextmanager
+def captured_inductor_code():
+    """Collect the Python wrapper code inductor generates (or loads from its cache) inside the block."""
+    from unittest import mock
+
+    from torch._inductor.graph import GraphLowering
+
+    codes: list[str] = []
+    with mock.patch.object(GraphLowering, "save_output_code", codes.append):
+        yield codes
+
+
+def count_int8_kernels(code: str) -> dict:
+    """int8 kernel calls by name in inductor's generated code."""
+    return dict(Counter(_LOWERED_INT8.findall(code)))
+
+
+def lowered_int8_kernels(compiled, inputs: tuple) -> dict:
+    """Run `compiled` once (compiling it) and count the int8 kernels in what inductor generated.
+
+    Raises UnsupportedError when there are none: the quantized graph would run in fp32. Runs without
+    autograd, as every timed pass does: freezing, which does the int8 lowering, only applies then.
+    """
+    import torch
+
+    with captured_inductor_code() as codes, torch.no_grad():
+        compiled(*inputs)
+    kernels = count_int8_kernels("\n".join(codes))
+    if not kernels:
+        raise UnsupportedError("inductor did not lower the quantized graph to int8 kernels "
+                               f"({len(codes)} graph(s) generated, none calls one)")
+    return kernels
+
+
+def torchscript_int8_kernels(module) -> dict:
+    """int8 ops in a scripted/traced module's graph (all blocks); UnsupportedError when there are none."""
+    ops = dict(Counter(kind for kind in _graph_kinds(module.graph) if kind.startswith("quantized::")))
+    if not ops:
+        raise UnsupportedError("the TorchScript graph holds no int8 op after tracing the quantized model")
+    return ops
+
+
+def _graph_kinds(graph):
+    for node in graph.nodes():
+        yield node.kind()
+        for block in node.blocks():
+            yield from _graph_kinds(block)

@@ -1,0 +1,229 @@
+"""The optimized backend: the fastest of several strategies on this machine, chosen by a short tuning run.
+
+Strategies: `compiled` (torch.compile with the `aio` graph passes, see aio_examples/aio_compile),
+and executing through ONNX Runtime or OpenVINO. The first run for a (model, shapes, precision,
+threads, CPU, library versions) prepares every strategy that can run, times them in interleaved
+rounds and caches the decision on disk; later runs prepare only the winner. Precisions: fp32 and
+bf16 end to end; fp16 and int8 through the implicit modes of the compiled graph (reduced-precision
+or int8 kernels for the ops the `AIO_*` filters select) or the runtimes' own fp16/int8.
+"""
+
+import copy
+import json
+import os
+import platform
+
+from ..core.errors import UnsupportedError, UsageError, short_error
+from ..core.log import logger
+from .base import Backend, Prepared
+
+STRATEGIES = ("compiled", "onnxruntime", "openvino")
+TUNING_ROUND_S = 0.5
+TUNING_TIMEOUT_S = 6.0
+BUSY_LIMIT_CORES = 0.3      # other processes' load above which a tuning decision is used but not cached
+
+
+def process_mode() -> bool:
+    """`AIO_PROCESS_MODE`: 1 (default) runs the optimized backend, 0 falls back to eager."""
+    value = os.environ.get("AIO_PROCESS_MODE", "1").strip()
+    if value not in ("0", "1"):
+        raise UsageError(f"AIO_PROCESS_MODE={value!r} is invalid; accepted: 0 (fall back to eager) or 1")
+    return value == "1"
+
+
+class AioBackend(Backend):
+    name = "aio"
+    description = "optimized: the fastest of aio-compiled / ONNX Runtime / OpenVINO here, tuned and cached"
+
+    def prepare(self, model, example_inputs, precision, threads, ctx):
+        from ..machine.environment import capture
+        from .artifacts import describe_inputs
+
+        env = capture({})
+        key = {"inputs": describe_inputs(example_inputs), "precision": precision, "threads": threads,
+               "cpu": f"{env.get('cpu_model')}|{platform.machine()}|{','.join(env.get('isa') or [])}",
+               "versions": env["versions"]}
+        decision_file = _decision_file(ctx.model_name, key)
+        cached = _load_decision(decision_file)
+        if cached and cached["strategy"] in STRATEGIES:
+            try:
+                prepared = _prepare_strategy(cached["strategy"], model, example_inputs, precision, threads, ctx)
+            except UnsupportedError:
+                logger.info("cached strategy %s no longer runs; tuning again", cached["strategy"])
+            else:
+                prepared.info.update({"strategy": cached["strategy"],
+                                      "tuning": {**cached, "cached": True, "file": str(decision_file)}})
+                return prepared
+        return self._tune(model, example_inputs, precision, threads, ctx, decision_file)
+
+    def _tune(self, model, example_inputs, precision, threads, ctx, decision_file) -> Prepared:
+        """Prepare every strategy that can run, time them alike, keep the fastest."""
+        import torch
+
+        from ..measurement.timing import Measurement, StopRule, measure
+
+        prepared, refused = {}, {}
+        for strategy in STRATEGIES:
+            try:
+                p = _prepare_strategy(strategy, copy.deepcopy(model), example_inputs, precision, threads, ctx)
+                one_pass = lambda p=p: p.fn(*p.inputs)
+                if p.compiles_on_first_call:
+                    with torch.no_grad():
+                        one_pass()
+                prepared[strategy] = (p, one_pass)
+            except UsageError:
+                raise
+            except Exception as exc:  # noqa: BLE001  (a strategy that cannot take the model is simply not chosen)
+                refused[strategy] = short_error(exc)
+                logger.debug("aio strategy %s refused", strategy, exc_info=True)
+        if not prepared:
+            raise UnsupportedError("no aio strategy runs this model at " + precision + ": "
+                                   + "; ".join(f"{k}: {v}" for k, v in refused.items()))
+        rule = StopRule(timeout_s=TUNING_TIMEOUT_S, min_time_s=1.0, min_runs=5, ci_target=0.02)
+        measurements = {s: Measurement(one_pass, rule) for s, (_, one_pass) in prepared.items()}
+        before = _cpu_snapshot()
+        if len(measurements) > 1:
+            with torch.no_grad():
+                measure(list(measurements.values()), round_s=TUNING_ROUND_S, on_error=_drop)
+        busy = _busy_elsewhere(before, _cpu_snapshot())
+        medians = {s: m.summary().median for s, m in measurements.items() if m.samples_ns and not m.error}
+        best = min(medians, key=medians.get) if medians else next(iter(prepared))
+        decision = {"strategy": best, "medians_ms": {s: round(v, 3) for s, v in medians.items()},
+                    "refused": refused, "busy_elsewhere_cores": round(busy, 2)}
+        tuning = {**decision, "cached": False, "file": str(decision_file)}
+        if len(measurements) > 1 and busy > BUSY_LIMIT_CORES:
+            # A decision taken while other processes held the cores would stick to every later run.
+            tuning["not_saved"] = (f"other processes kept {busy:.2f} cores busy while tuning "
+                                   f"(limit {BUSY_LIMIT_CORES}); the next run tunes again")
+            logger.warning("aio tuning: %s", tuning["not_saved"])
+        else:
+            _save_decision(decision_file, decision)
+        logger.info("aio tuning chose %s (%s)", best, ", ".join(f"{s} {v:.2f} ms" for s, v in medians.items()))
+        chosen = prepared[best][0]
+        chosen.info.update({"strategy": best, "tuning": tuning})
+        chosen.compiles_on_first_call = False     # already compiled while tuning
+        return chosen
+
+
+def _cpu_snapshot() -> tuple[float, float, float]:
+    """(machine busy CPU seconds, this process's CPU seconds, wall seconds)."""
+    import time
+
+    import psutil
+
+    machine = psutil.cpu_times()
+    own = psutil.Process().cpu_times()
+    return machine.user + machine.nice + machine.system + machine.irq + machine.softirq + getattr(
+        machine, "steal", 0.0), own.user + own.system, time.monotonic()
+
+
+def _busy_elsewhere(before, after) -> float:
+    """Average number of cores other processes kept busy between two snapshots."""
+    wall = after[2] - before[2]
+    if wall <= 0:
+        return 0.0
+    return max(0.0, ((after[0] - before[0]) - (after[1] - before[1])) / wall)
+
+
+def _drop(measurement, exc) -> None:
+    measurement.error = (type(exc).__name__, str(exc))
+
+
+def _prepare_strategy(strategy, model, example_inputs, precision, threads, ctx) -> Prepared:
+    if strategy == "compiled":
+        return _compiled(model, example_inputs, precision, threads, ctx)
+    from . import BACKENDS
+
+    backend = BACKENDS[strategy]
+    reason = backend.unavailable_reason()
+    if reason:
+        raise UnsupportedError(reason)
+    return backend.prepare(model, example_inputs, precision, threads, ctx)
+
+
+def _compiled(model, example_inputs, precision, threads, ctx) -> Prepared:
+    """torch.compile(backend="aio") with the precision's implicit mode, channels-last for conv nets."""
+    from .. import aio_compile
+    from ..core import precision as prec
+    from .int8 import is_conv_net
+
+    options = {"modelname": ctx.model_name, "threads": threads}
+    inputs, mode = example_inputs, "native"
+    if precision == "bf16":
+        model, inputs, mode = prec.cast(model, example_inputs, "bf16")
+    elif precision == "fp16":
+        options["implicit_fp16_filter"] = os.environ.get("AIO_IMPLICIT_FP16_TRANSFORM_FILTER") or ".*"
+        options["implicit_fp16_dtype"] = "FP16"       # the label says fp16: not the CPU's preferred bf16
+    elif precision == "int8":
+        if is_conv_net(model, example_inputs):
+            # The implicit int8 kinds (FullyConnected, Matmul, EmbeddingBag) would leave the convolutions in
+            # fp32: conv nets take static PT2E int8 lowered by inductor instead.
+            from . import BACKENDS
+
+            prepared = BACKENDS["inductor"].prepare(model, example_inputs, precision, threads, ctx)
+            prepared.info["int8_path"] = "PT2E static int8 lowered by inductor (conv net)"
+            return prepared
+        options["quantize_int8_filter"] = os.environ.get("AIO_QUANTIZE_INT8_FILTER") or ".*"
+    aio_compile.resolve_options(options)          # bad AIO_* values stop here, before compiling
+    provider = aio_compile.register()
+    model, inputs = aio_compile.prepare_module(model, inputs)
+    import torch
+
+    compiled = torch.compile(model, backend="aio", options=options)
+    info = {"provider": provider, "options": options, "passes": {}}
+
+    def check():
+        """After the first call (the compile): say what the passes did, and refuse a label the graph does not
+        honour."""
+        report = aio_compile.last_report(ctx.model_name) or {}
+        info["passes"] = report
+        if precision == "fp16":
+            dtype = (report.get("implicit_fp16") or {}).get("dtype")
+            if dtype not in (None, "float16", "fp16", "torch.float16"):
+                raise UnsupportedError(f"implicit reduced precision runs {dtype} on this CPU, not fp16")
+        int8 = report.get("quantize_int8") or {}
+        if precision == "int8" and not (int8.get("quantized") or int8.get("onednn_int8_linears")):
+            raise UnsupportedError("no op of this model was quantized by the implicit int8 pass")
+
+    return Prepared(_CheckedOnFirstCall(compiled, check), inputs,
+                    f"implicit-{precision}" if precision in ("fp16", "int8") else mode, info,
+                    compiles_on_first_call=True)
+
+
+class _CheckedOnFirstCall:
+    """The compiled module, checked once its first call has compiled it. Other attributes are the module's
+    (a generation step's `new_cache`), as with any torch.compile result."""
+
+    def __init__(self, compiled, check):
+        self.compiled, self.check = compiled, check
+
+    def __call__(self, *args):
+        out = self.compiled(*args)
+        if self.check is not None:
+            check, self.check = self.check, None
+            check()
+        return out
+
+    def __getattr__(self, name):
+        if name in ("compiled", "check"):      # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
+        return getattr(self.compiled, name)
+
+
+def _decision_file(model_name: str, key: dict):
+    from .artifacts import artifact_dir
+
+    return artifact_dir("tuning", model_name, **key) / "decision.json"
+
+
+def _load_decision(path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _save_decision(path, decision: dict) -> None:
+    from ..core.paths import write_json_atomic
+
+    write_json_atomic(path, decision, indent=1)

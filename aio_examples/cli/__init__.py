@@ -1,0 +1,595 @@
+"""Command line: `aio-examples run|list|setup`, and the shared entry of every model's run.py.
+
+Only this module turns errors into messages and exit codes (2 for bad input).
+"""
+
+import argparse
+import sys
+import traceback
+from pathlib import Path
+
+from ..core.errors import AioError, UsageError
+from ..core.log import configure
+
+PROG = "aio-examples"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line, like every other input error."""
+
+    def error(self, message):
+        raise UsageError(message)
+
+
+def _positive(flag, kind=int, accepted="a whole number >= 1"):
+    """An argparse type: a number > 0 of `kind`, else a one-line usage error naming `flag`."""
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = 0
+        if not value > 0:
+            raise UsageError(f"{flag} {text!r} is invalid; accepted: {accepted}")
+        return value
+    return parse
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of a measurement, shared by `aio-examples run` and every run.py."""
+    from ..backends import BACKENDS, DEFAULT_BACKEND
+    from ..core.precision import PRECISIONS
+
+    p.add_argument("-p", "--precision", default="fp32",
+                   help=f"one of {', '.join(PRECISIONS)}, a comma list, or 'all' (default fp32)")
+    p.add_argument("-b", "--batch-size", type=_positive("-b/--batch-size"), default=1)
+    p.add_argument("-t", "--threads", default=None,
+                   help="threads (default: AIO_NUM_THREADS, else OMP_NUM_THREADS, else physical cores)")
+    p.add_argument("--backend", default=None,
+                   help=f"one of {', '.join(BACKENDS)}, a comma list, or 'all' (default: {DEFAULT_BACKEND})")
+    p.add_argument("--timeout", type=_positive("--timeout", float, "a number of seconds > 0"), default=60.0,
+                   help="seconds of measurement per configuration (default 60)")
+    p.add_argument("--num-runs", type=_positive("--num-runs"), default=None,
+                   help="measure exactly this many passes instead of stopping at the confidence target")
+    p.add_argument("--output", default="results", help="folder for results.jsonl (default ./results)")
+    p.add_argument("--input-size", type=_positive("--input-size"), default=None, help="image side (vision)")
+    p.add_argument("--seq-len", type=_positive("--seq-len"), default=None, help="sequence length (NLP)")
+    p.add_argument("--new-tokens", type=_positive("--new-tokens"), default=None,
+                   help="tokens to generate (text generation)")
+    p.add_argument("--weights", default=None, help="a local torchvision/PyTorch state-dict file")
+    p.add_argument("--model-dir", default=None, help="a local Hugging Face model folder (with tokenizer)")
+    p.add_argument("--allow-oversubscribe", action="store_true",
+                   help="allow more threads than CPUs available to this process")
+    p.add_argument("--probe", action="store_true",
+                   help="after every second of passes, read the machine (one core's speed at numpy matmuls, "
+                        "and how fast the cores hand work over) so compare can take its moves out of a change")
+    p.add_argument("--json", action="store_true", help="print the records as JSON lines instead of a table")
+    # Set by the sweep and throughput drivers for the processes they start.
+    p.add_argument("--point-id", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--instance", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--barrier", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--turns", default=None, help=argparse.SUPPRESS)     # READ_FD,WRITE_FD from a sweep (turns.py)
+    p.add_argument("--group", default=None, help=argparse.SUPPRESS)
+
+
+def _backends(arg: str | None) -> list[str]:
+    from ..backends import DEFAULT_BACKEND, available_backends, get_backend
+    from ..backends.optimized import process_mode
+
+    if arg is None:
+        names = [DEFAULT_BACKEND]
+    elif arg == "all":
+        names = available_backends()
+    else:
+        names = [n.strip() for n in arg.split(",") if n.strip()]
+        for n in names:
+            get_backend(n)
+    if "aio" in names and not process_mode():
+        print("AIO_PROCESS_MODE=0: the optimized backend is off, running eager instead", file=sys.stderr)
+        names = list(dict.fromkeys("eager" if n == "aio" else n for n in names))
+    return names
+
+
+def _precisions(arg: str) -> list[str]:
+    from ..core.precision import PRECISIONS, validate
+
+    if arg == "all":
+        return list(PRECISIONS)
+    return [validate(p.strip()) for p in arg.split(",") if p.strip()] or [validate(arg)]
+
+
+def do_run(model: str, args) -> int:
+    from ..core.processes import die_with_parent
+    from ..core.records import check_output_dir
+    from ..machine.binding import apply_in_child
+    from ..machine.threads import export_thread_env, resolve_threads
+
+    die_with_parent()                          # a point of a sweep, matrix or throughput run ends with its driver
+    apply_in_child()                           # a driver's sched_setaffinity binding, before torch starts
+    # Everything that can be checked without torch is checked first: bad input fails fast.
+    precisions = _precisions(args.precision)
+    choice = resolve_threads(args.threads, allow_oversubscribe=args.allow_oversubscribe)
+    export_thread_env(choice.threads)          # before torch starts its thread pools
+    from ..models import get_model
+
+    spec = get_model(model)
+    shape = spec.shape(input_size=args.input_size, seq_len=args.seq_len, new_tokens=args.new_tokens)
+    backends = _backends(args.backend)
+    if "aio" in backends:
+        from ..aio_compile import resolve_options
+
+        resolve_options()       # invalid AIO_* values: one line now, not after building the model
+    out_dir = check_output_dir(args.output)
+
+    from ..core.records import format_table
+    from ..measurement.runner import RunRequest, run
+    from ..measurement.timing import StopRule
+
+    instance = None
+    if args.instance is not None:
+        from ..drivers.instances import InstanceSync
+
+        instance = InstanceSync.parse(args.instance, args.barrier or ".", args.group or "")
+    turns = None
+    if args.turns is not None:
+        from ..drivers.turns import Turns
+
+        turns = Turns(args.turns)
+    req = RunRequest(spec, backends, precisions, args.batch_size, choice, shape, args.weights, args.model_dir,
+                     StopRule(timeout_s=args.timeout, num_runs=args.num_runs), instance=instance,
+                     point_id=args.point_id, probe=args.probe, turns=turns)
+    compare = len(backends) > 1 or len(precisions) > 1
+    results = run(req, out_dir, reference=compare)
+    if args.json:
+        for r in results:
+            print(r.to_json())
+    else:
+        first = results[0]
+        print(f"\n{spec.name} ({spec.task}), input {first.input_shape}, weights: {first.weights}, "
+              f"threads: {first.binding['threads_in_effect']} ({choice.source})")
+        if compare:
+            print("configurations were measured in interleaved rounds in a new order each round, "
+                  "so machine drift affects all of them alike")
+        print(format_table(results))
+        print(f"\nrecords appended to {out_dir / 'results.jsonl'}")
+    return 0 if any(r.status in ("ok", "fail_accuracy") for r in results) else 1
+
+
+def do_list(args) -> int:
+    from ..models import ZOO
+
+    rows = []
+    for spec in ZOO.values():
+        shape = spec.default_shape
+        row = {"model": spec.name, "task": spec.task, "input": ", ".join(f"{k}={v}" for k, v in shape.items()),
+               "unit": spec.task_unit}
+        if not args.no_flops:
+            from ..measurement.flops import cached_flops
+
+            row["GFLOPs/pass (b=1)"] = f"{cached_flops(spec, shape) / 1e9:.2f}"
+        rows.append(row)
+    if args.json:
+        import json
+
+        for row in rows:
+            print(json.dumps(row))
+    else:
+        import pandas as pd
+
+        print(pd.DataFrame(rows).to_string(index=False))
+    return 0
+
+
+def do_setup(args) -> int:
+    """Check the installation: torch, torchvision (adapting a CUDA wheel if needed), transformers."""
+    import torch
+
+    from ..compat.torchvision_shim import ensure_torchvision, torchvision_status
+
+    ensure_torchvision()
+    status = torchvision_status()
+    print(f"torch {torch.__version__}, torchvision {status['torchvision']}: ops from {status['torchvision_ops']}"
+          + (f" ({status['cuda_stub_symbols']} CUDA symbols stood in)" if status.get("cuda_stub_symbols") else ""))
+    from ..models.nlp import _transformers
+
+    print(f"transformers {_transformers().__version__}")
+    return 0
+
+
+def _names(arg: str | None, known, what: str) -> list[str]:
+    if arg in (None, "all"):
+        return list(known)
+    names = [n.strip() for n in arg.split(",") if n.strip()]
+    for n in names:
+        if n not in known:
+            raise UsageError(f"{what} {n!r} is unknown; accepted: {', '.join(known)}, all")
+    return names
+
+
+def do_matrix(args) -> int:
+    """Run (or only render) the support matrix of models x backends x precisions."""
+    from pathlib import Path
+
+    from ..backends import BACKENDS
+    from ..core.precision import PRECISIONS
+    from ..core.records import check_output_dir
+    from ..drivers.matrix import render, run_matrix, update_readme
+    from ..models import ZOO
+
+    models = _names(args.models, ZOO, "model")
+    backends = _names(args.backends, BACKENDS, "backend")
+    precisions = _names(args.precisions, PRECISIONS, "precision")
+    readme = Path(args.readme) if args.readme else None
+    if readme is not None and not readme.is_file():
+        raise UsageError(f"--readme {args.readme!r} is not a file; accepted: a README with support-matrix markers")
+    out_dir = check_output_dir(args.output)
+    if not args.render_only:
+        threads = None
+        if args.threads is not None:
+            from ..machine.threads import resolve_threads
+
+            threads = resolve_threads(args.threads).threads
+        run_matrix(models, backends, precisions, out_dir, threads, args.point_timeout)
+    table = render(out_dir, models, backends, precisions)
+    print(table)
+    (out_dir / "support_matrix.md").write_text(table)
+    if readme is not None:
+        try:
+            update_readme(readme, table)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        print(f"updated the support matrix in {readme}")
+    return 0
+
+
+def _ints(flag: str):
+    def parse(text):
+        try:
+            values = [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            values = []
+        if not values or min(values) < 1:
+            raise argparse.ArgumentTypeError(f"{flag} {text!r} is invalid; accepted: a comma list of whole numbers >= 1")
+        return values
+    return parse
+
+
+def _list(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _shape_overrides(args) -> dict:
+    """The shape flags the user gave (input size, sequence length, new tokens), for sweeps and instances."""
+    from ..drivers.sweep import SHAPE_KEYS
+
+    return {k: getattr(args, k) for k in SHAPE_KEYS if getattr(args, k, None) is not None}
+
+
+def do_sweep(args) -> int:
+    from ..drivers.sweep import SweepConfig, run_sweep
+
+    shape = _shape_overrides(args)
+    overrides = {"models": args.models or None, "backends": args.backends, "precisions": args.precisions,
+                 "batch_sizes": args.batch_sizes, "threads": args.threads, "allocators": args.allocators,
+                 "timeout": args.timeout, "point_timeout": args.point_timeout, "output": args.output,
+                 "shape": shape or None, "repeats": args.repeats, "probe": args.probe or None,
+                 "interleave": args.interleave}
+    if args.config:
+        cfg = SweepConfig.from_toml(args.config, overrides)
+    else:
+        cfg = SweepConfig(**{k: v for k, v in overrides.items() if v is not None})
+    summary = run_sweep(cfg, quiet=args.quiet)
+    print(summary.text(Path(cfg.output)))
+    if summary.interrupted:
+        raise KeyboardInterrupt
+    return 0
+
+
+def do_throughput(args) -> int:
+    from ..backends import get_backend
+    from ..core.precision import validate
+    from ..core.records import check_output_dir
+    from ..drivers.instances import run_throughput
+    from ..machine.allocators import validate as valid_allocator
+    from ..machine.topology import numa_cpus_from_env
+    from ..models import get_model
+
+    get_model(args.model)
+    validate(args.precision)
+    get_backend(args.backend)
+    valid_allocator(args.allocator)
+    out = check_output_dir(args.output)
+    shape = _shape_overrides(args)
+    numa = numa_cpus_from_env()
+    records = run_throughput(args.model, args.backend, args.precision, args.batch_size, args.instances,
+                             args.threads_per_instance, args.timeout, out, shape, args.allocator, numa_cpus=numa)
+    agg = records[-1]
+    for r in records[:-1]:
+        i = r["instance"]
+        lat = r.get("latency_ms") or {}
+        print(f"instance {i['index']}: cores {i.get('cores')}, {r['status']}"
+              + (f", median {lat['median']:.2f} ms, {r['throughput']['value']:.2f} {r['throughput']['unit']}"
+                 if r["status"] == "ok" else f": {r['reason']}"))
+    if agg["status"] != "ok":
+        print(f"throughput: {agg['status']}: {agg['reason']}")
+        return 1
+    print(f"{args.model} {args.backend} {args.precision} b{args.batch_size}: {args.instances} instance(s) x "
+          f"{args.threads_per_instance} thread(s): {agg['throughput']['value']:.2f} {agg['throughput']['unit']} "
+          f"(sum over the {agg['instance']['window_s']:.1f} s all instances ran)")
+    print(f"records appended to {out / 'results.jsonl'}")
+    return 0
+
+
+def do_report(args) -> int:
+    from ..reporting.report import build_report
+
+    written = build_report(args.results, Path(args.output))
+    print(f"{written['records']} records: {written['html']}, {written['md']}, {written['csv']} "
+          f"(plots in {Path(args.output) / 'plots'})")
+    return 0
+
+
+def do_peak(args) -> int:
+    from ..machine import peak
+    from ..machine.topology import read_topology
+
+    for precision in args.precisions:
+        if precision not in peak.PEAK_PRECISIONS:
+            raise UsageError(f"--precisions {precision!r} is not measured; accepted: {', '.join(peak.PEAK_PRECISIONS)}")
+    topo = read_topology()
+    threads = args.threads or topo.default_thread_counts()
+    for t in threads:
+        topo.pick_cpus(t)
+    table = peak.measure_peaks(args.precisions, threads)
+    print(f"matrix-multiply peak of this machine ({peak.SIZE}x{peak.SIZE} GEMM), GFLOP/s:")
+    for precision, by_threads in table["peaks"].items():
+        for t, entry in sorted(by_threads.items(), key=lambda kv: int(kv[0])):
+            engines = ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k}: {v}"
+                                for k, v in entry["engines"].items())
+            best = f"{entry['gflops']:.1f} ({entry['engine']})" if entry["gflops"] else "none"
+            print(f"  {precision} {t} thread(s): {best}   [{engines}]")
+    print(f"cached for this machine: {peak.cache_path()}")
+    return 0
+
+
+def do_compare(args) -> int:
+    from ..analysis import compare as cmp
+
+    threshold = cmp.parse_threshold(args.threshold)
+    baseline, new = cmp.load_run(args.baseline, args.history), cmp.load_run(args.new, args.history)
+    comparison = cmp.compare(baseline, new, threshold, args.confidence, _list(args.ignore) if args.ignore else ())
+    text = cmp.render(comparison, args.format)
+    if args.output:
+        Path(args.output).write_text(text)
+        print(cmp.summary_line(comparison) + f" -> {args.output}")
+    else:
+        print(text)
+    return comparison.exit_code
+
+
+def do_history(args) -> int:
+    from ..analysis.history import History, plot_series
+
+    if args.action == "add":
+        from ..analysis.compare import load_run
+
+        run = load_run(args.results)
+        with History.open(args.history) as h:
+            run_id, fresh = h.add(run, label=args.label)
+            print(f"{'stored' if fresh else 'already stored'}: {len(run.records)} records of {args.results} as "
+                  f"history:{run_id} in {h.path}")
+        return 0
+    with History.open(args.history, create=False) as h:
+        if args.action == "list":
+            rows = h.runs()
+            for r in rows:
+                torch_v = r["versions"].get("torch", "?")
+                print(f"history:{r['id']:<4} {r['started_at'] or '?':25} {r['records']:4} records  torch {torch_v}  "
+                      f"git {(r['git_commit'] or '?')[:10]}  {r['machine_desc'] or '?'}  {r['label'] or r['source']}")
+            print(f"{len(rows)} run(s) in {h.path}")
+            return 0
+        rows = h.series(args.model, backend=args.backend, precision=args.precision, batch_size=args.batch_size,
+                        threads=args.threads)
+    if not rows:
+        raise UsageError(f"no stored records of {args.model!r} with those filters in {str(h.path)!r}; accepted: "
+                         "a model and filters of a stored run (see 'aio-examples history list')")
+    import pandas as pd
+
+    config = ["backend", "precision", "batch_size", "threads", "instances", "allocator", "shape"]
+    df = pd.DataFrame(rows).sort_values([*config, "started_at", "run"], kind="stable")
+    df["vs_previous"] = df.groupby(config, dropna=False)["median_ms"].pct_change(fill_method=None)
+    if args.format == "json":
+        print(df.to_json(orient="records", indent=1))
+    elif args.format == "csv":
+        print(df.to_csv(index=False), end="")
+    else:
+        shown = df.drop(columns=["ci_low", "ci_high", "allocator"])
+        shown["vs_previous"] = shown["vs_previous"].map(lambda v: "" if pd.isna(v) else f"{100 * v:+.1f}%")
+        print(shown.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    plot = Path(args.plot) if args.plot else h.path.parent / f"history-{args.model}.png"
+    title = f"{args.model}" + "".join(f", {k} {v}" for k, v in (("backend", args.backend), ("precision", args.precision),
+                                                                ("batch", args.batch_size), ("threads", args.threads)) if v)
+    print(f"trend plot: {plot_series(rows, title, plot)}")
+    return 0
+
+
+def do_nightly(args) -> int:
+    from ..analysis.compare import parse_threshold
+    from ..reporting.nightly import nightly
+
+    code, info = nightly(args.results, args.baseline, args.history, parse_threshold(args.threshold), args.output)
+    print(f"stored as history:{info['run_id']} in {info['history']}" + ("" if info["stored"] else " (already there)"))
+    if info["baseline"] is None:
+        print(info["text"], end="")
+        return code
+    print(f"compared with {info['baseline']}: {info['summary']}; run-to-run spread from the history for "
+          f"{info['noise_known']} configuration(s)")
+    print(f"regression report: {info['md']}, {info['html']}, {info['json']}")
+    if code:
+        print("REGRESSION: see the report", file=sys.stderr)
+    return code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Benchmark CPU inference with PyTorch across backends and precisions.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run_p = sub.add_parser("run", help="measure one model")
+    run_p.add_argument("model")
+    add_run_arguments(run_p)
+    list_p = sub.add_parser("list", help="the model zoo with task, input shape and FLOPs")
+    list_p.add_argument("--no-flops", action="store_true", help="skip counting FLOPs (counted once, then cached)")
+    list_p.add_argument("--json", action="store_true")
+    sub.add_parser("setup", help="check (and adapt) the installed libraries")
+    mx = sub.add_parser("matrix", help="which model x backend x precision runs here (each in its own process)")
+    mx.add_argument("--models", default=None, help="comma list (default: the whole zoo)")
+    mx.add_argument("--backends", default=None, help="comma list (default: all)")
+    mx.add_argument("--precisions", default=None, help="comma list (default: all)")
+    mx.add_argument("--output", default="results/matrix", help="folder of the cells' records (resumes)")
+    mx.add_argument("-t", "--threads", default=None)
+    mx.add_argument("--point-timeout", type=_positive("--point-timeout", float, "seconds > 0"), default=900.0,
+                    help="seconds per model x backend x precision before its process is killed")
+    mx.add_argument("--render-only", action="store_true", help="only render the records already in --output")
+    mx.add_argument("--readme", default=None, help="also replace the support matrix section of this README")
+    sw = sub.add_parser("sweep", help="every combination of the given axes, each point in its own bound process")
+    sw.add_argument("models", nargs="*", help="zoo names (or in --config)")
+    sw.add_argument("--config", default=None, help="a TOML file with the same keys (see sweeps/); flags override it")
+    sw.add_argument("--backends", type=_list, default=None, help="comma list (default aio)")
+    sw.add_argument("--precisions", type=_list, default=None, help="comma list (default fp32)")
+    sw.add_argument("--batch-sizes", type=_ints("--batch-sizes"), default=None, help="comma list (default 1)")
+    sw.add_argument("--threads", type=_ints("--threads"), default=None,
+                    help="comma list (default: powers of two up to the physical cores, plus that)")
+    sw.add_argument("--allocators", type=_list, default=None,
+                    help="comma list of default, tcmalloc, jemalloc, hugetlb (default: default)")
+    sw.add_argument("--input-size", type=_positive("--input-size"), default=None)
+    sw.add_argument("--seq-len", type=_positive("--seq-len"), default=None)
+    sw.add_argument("--new-tokens", type=_positive("--new-tokens"), default=None)
+    sw.add_argument("--timeout", type=_positive("--timeout", float, "seconds > 0"), default=None,
+                    help="measured seconds per point (default 20)")
+    sw.add_argument("--point-timeout", type=_positive("--point-timeout", float, "seconds > 0"), default=None,
+                    help="seconds before a point's process is killed (default 900)")
+    sw.add_argument("--repeats", type=_positive("--repeats"), default=None,
+                    help="measure every point this many times, each in its own process (default 1)")
+    sw.add_argument("--probe", action="store_true", default=None,
+                    help="every point also reads the machine after each round (see run --probe)")
+    sw.add_argument("--interleave", type=_positive("--interleave"), default=None,
+                    help="keep this many points' processes alive and let them take one-second turns, so each "
+                         "point's passes come from moments spread over the sweep (default 1: one after another)")
+    sw.add_argument("--output", default=None, help="folder of results.jsonl; rerunning resumes (default results/sweep)")
+    sw.add_argument("--quiet", action="store_true", help="no progress bar (also when CI=true)")
+    tp = sub.add_parser("throughput", help="N instances x T threads on disjoint cores, throughput summed")
+    tp.add_argument("model")
+    tp.add_argument("--instances", type=_positive("--instances"), default=2)
+    tp.add_argument("--threads-per-instance", type=_positive("--threads-per-instance"), default=1)
+    tp.add_argument("-b", "--batch-size", type=_positive("-b/--batch-size"), default=1)
+    tp.add_argument("--backend", default="aio")
+    tp.add_argument("-p", "--precision", default="fp32")
+    tp.add_argument("--allocator", default="default", help="default, tcmalloc, jemalloc or hugetlb")
+    tp.add_argument("--timeout", type=_positive("--timeout", float, "seconds > 0"), default=20.0,
+                    help="seconds of the common measurement window (default 20)")
+    tp.add_argument("--input-size", type=_positive("--input-size"), default=None)
+    tp.add_argument("--seq-len", type=_positive("--seq-len"), default=None)
+    tp.add_argument("--output", default="results", help="folder for results.jsonl (default ./results)")
+    pk = sub.add_parser("peak", help="this machine's matrix-multiply peak per precision and threads (cached)")
+    pk.add_argument("--precisions", type=_list, default=["fp32", "bf16"], help="comma list of fp32, bf16")
+    pk.add_argument("--threads", type=_ints("--threads"), default=None,
+                    help="comma list (default: powers of two up to the physical cores, plus that)")
+    rp = sub.add_parser("report", help="report.html, summary.csv/md and plots from result files or folders")
+    rp.add_argument("results", nargs="+", help="results.jsonl files or folders holding them")
+    rp.add_argument("--output", default="report", help="folder to write into (default ./report)")
+    history_help = "the history database (default results/history.sqlite, or AIO_HISTORY)"
+    cp = sub.add_parser("compare", help="what got slower between two runs (exit 1 on a regression)")
+    cp.add_argument("baseline", help="results folder or file, or history:ID / history:latest")
+    cp.add_argument("new", help="results folder or file, or history:ID / history:latest")
+    cp.add_argument("--threshold", default="5%", help="smallest change that matters (default 5%%)")
+    cp.add_argument("--confidence", type=float, default=0.95, help="level of the intervals (default 0.95)")
+    cp.add_argument("--format", default="md", help="md (default), html or json")
+    cp.add_argument("--output", default=None, help="write to this file instead of printing")
+    cp.add_argument("--ignore", default=None,
+                    help="comma list of fields left out of matching: threads, batch_size, instances, allocator, "
+                         "shape, machine")
+    cp.add_argument("--history", default=None, help=history_help)
+    hp = sub.add_parser("history", help="the history store of runs: add, list, show")
+    hsub = hp.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    ha = hsub.add_parser("add", help="store a run's records")
+    ha.add_argument("results", help="results folder or results.jsonl")
+    ha.add_argument("--label", default=None)
+    hl = hsub.add_parser("list", help="the stored runs")
+    hs = hsub.add_parser("show", help="trend of a model's configurations: table and plot")
+    hs.add_argument("model")
+    hs.add_argument("--backend", default=None)
+    hs.add_argument("-p", "--precision", default=None)
+    hs.add_argument("-b", "--batch-size", type=_positive("-b/--batch-size"), default=None)
+    hs.add_argument("-t", "--threads", type=_positive("-t/--threads"), default=None)
+    hs.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    hs.add_argument("--plot", default=None, help="PNG to write (default history-<model>.png beside the database)")
+    for p in (ha, hl, hs):
+        p.add_argument("--history", default=None, help=history_help)
+    nt = sub.add_parser("nightly", help="store a run, compare it with its baseline, write the regression report")
+    nt.add_argument("results", help="the run's results folder")
+    nt.add_argument("--baseline", default=None,
+                    help="results folder/file or history:ID (default: the latest earlier run on this machine)")
+    nt.add_argument("--threshold", default="5%", help="smallest change that matters (default 5%%)")
+    nt.add_argument("--output", default=None, help="folder for regression.md/html/json (default RESULTS/regression)")
+    nt.add_argument("--history", default=None, help=history_help)
+    return parser
+
+
+def _guard(fn) -> int:
+    """Run a command; turn known errors into one line and an exit code."""
+    try:
+        mode = configure()
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return fn()
+    except UsageError as exc:
+        if mode >= 3:
+            traceback.print_exc()
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except AioError as exc:
+        if mode >= 3:
+            traceback.print_exc()
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; records already written are kept", file=sys.stderr)
+        return 130
+    except BrokenPipeError:          # the reader went away (`| head`): not an error of ours
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except Exception as exc:  # noqa: BLE001  (a bug: still one line unless the user asks for details)
+        if mode >= 3:
+            traceback.print_exc()
+        print(f"{PROG}: internal error: {type(exc).__name__}: {exc} (AIO_DEBUG_MODE=3 shows the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+COMMANDS = {"list": do_list, "matrix": do_matrix, "sweep": do_sweep, "throughput": do_throughput,
+            "report": do_report, "peak": do_peak, "setup": do_setup, "compare": do_compare,
+            "history": do_history, "nightly": do_nightly}
+
+
+def main(argv=None) -> int:
+    def go():
+        args = build_parser().parse_args(argv)
+        if args.command == "run":
+            return do_run(args.model, args)
+        return COMMANDS[args.command](args)
+    return _guard(go)
+
+
+def run_model(model: str, argv=None) -> int:
+    """The whole body of a model folder's run.py: parse the run flags for this model and measure."""
+    def go():
+        parser = _Parser(prog=f"run.py ({model})", description=f"Benchmark {model} on CPU.")
+        add_run_arguments(parser)
+        return do_run(model, parser.parse_args(argv))
+    return _guard(go)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

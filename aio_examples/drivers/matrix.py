@@ -1,0 +1,105 @@
+"""The support matrix: every zoo model x backend x precision runs, or says why it cannot.
+
+Each (model, backend) runs in its own process at the model's small smoke shape with a few passes;
+a process that crashes or hangs is retried one precision at a time, and a cell that still dies gets
+a `failed`/`timeout` record with the signal and the last stderr line. Cells already in the output
+are skipped, so an interrupted matrix resumes. The Markdown rendering goes into the README.
+"""
+
+import re
+from pathlib import Path
+
+from ..core import records as res
+from ..core.log import logger
+from ..core.processes import run_argv, run_isolated
+
+README_START = "<!-- support-matrix:start (aio-examples matrix --readme README.md) -->"
+README_END = "<!-- support-matrix:end -->"
+MARKS = {"ok": "ok", "fail_accuracy": "FAIL acc", "unsupported": "n/a", "failed": "failed", "timeout": "timeout"}
+
+
+def _cells(out_dir: Path) -> dict:
+    """Latest record per (model, backend, precision) in a matrix folder."""
+    return {(r["model"], r["backend"], r["precision"]): r for r in res.records_in(out_dir)}
+
+
+def run_matrix(models, backends, precisions, out_dir: Path, threads: int | None, point_timeout_s: float,
+               num_runs: int = 3) -> None:
+    """Run every missing cell, one process per (model, backend)."""
+    from ..models import get_model
+
+    done = _cells(out_dir)
+    for model in models:
+        spec = get_model(model)
+        for backend in backends:
+            todo = [p for p in precisions if (model, backend, p) not in done]
+            if not todo:
+                continue
+            logger.info("matrix: %s on %s at %s", model, backend, ",".join(todo))
+            base = run_argv(model, spec.smoke_shape(), backend=backend, num_runs=num_runs, timeout=10,
+                            output=out_dir, threads=threads or None)
+            outcome = run_isolated([*base, "-p", ",".join(todo)], point_timeout_s * len(todo))
+            if not outcome.crashed:
+                continue
+            if len(todo) == 1:
+                _record_crash(out_dir, spec, backend, todo[0], threads, outcome)
+                continue
+            for precision in todo:      # find which precision takes the process down
+                outcome = run_isolated([*base, "-p", precision], point_timeout_s)
+                if outcome.crashed:
+                    _record_crash(out_dir, spec, backend, precision, threads, outcome)
+
+
+def _record_crash(out_dir, spec, backend, precision, threads, outcome) -> None:
+    status = "timeout" if outcome.timed_out else "failed"
+    logger.warning("matrix: %s/%s/%s %s: %s", spec.name, backend, precision, status, outcome.reason)
+    res.append(out_dir, res.Result.for_config(spec, backend, precision, 1, threads or 0, spec.smoke_shape(),
+                                              status=status, reason=outcome.reason))
+
+
+def render(out_dir: Path, models, backends, precisions) -> str:
+    """One Markdown table per precision (models x backends) with numbered reasons below."""
+    cells = _cells(out_dir)
+    notes: dict[str, int] = {}
+    parts = []
+    for precision in precisions:
+        lines = [f"**{precision}**", "", "| model | " + " | ".join(backends) + " |",
+                 "|---|" + "---|" * len(backends)]
+        for model in models:
+            row = []
+            for backend in backends:
+                r = cells.get((model, backend, precision))
+                if r is None:
+                    row.append("-")
+                    continue
+                mark = MARKS.get(r["status"], r["status"])
+                if r["status"] != "ok" and r.get("reason"):
+                    # Node names differ from model to model; the reason does not.
+                    reason = re.sub(r" in node \([^)]*\)", "", r["reason"])
+                    number = notes.setdefault(reason, len(notes) + 1)
+                    mark += f" [{number}]"
+                elif r["status"] == "ok" and r.get("strategy") and r["strategy"] != backend:
+                    mark += f" ({r['strategy']})"
+                row.append(mark)
+            lines.append(f"| {model} | " + " | ".join(row) + " |")
+        parts.append("\n".join(lines))
+    legend = ("`ok`: runs and its outputs match eager fp32 within the precision's tolerance (for `aio`, the "
+              "strategy it chose is in brackets); `n/a`: unsupported, for the reason given; "
+              "`FAIL acc`: runs but its outputs are outside the tolerance; `-`: not run.")
+    reasons = "\n".join(f"{n}. {reason}" for reason, n in notes.items())
+    env = next((r["env"] for r in cells.values() if r.get("env")), {})
+    versions = env.get("versions") or {}
+    machine = (f"Measured on {env.get('cpu_model', 'an unknown CPU')} "
+               f"(ISA: {', '.join(i for i in env.get('isa', []) if i.startswith(('avx512', 'amx')) or i == 'avx2')}) with "
+               + ", ".join(f"{k} {v}" for k, v in versions.items() if v) + ".\n\n") if env else ""
+    return machine + "\n\n".join(parts) + "\n\n" + legend + ("\n\n" + reasons if reasons else "") + "\n"
+
+
+def update_readme(readme: Path, table: str) -> None:
+    """Replace the text between the support-matrix markers of the README."""
+    text = readme.read_text()
+    if README_START not in text or README_END not in text:
+        raise ValueError(f"{readme} has no support-matrix markers ({README_START} ... {README_END})")
+    head, rest = text.split(README_START, 1)
+    _, tail = rest.split(README_END, 1)
+    readme.write_text(head + README_START + "\n\n" + table + "\n" + README_END + tail)

@@ -1,0 +1,343 @@
+"""Sweeps: every point (model x backend x precision x batch x threads x allocator) in its own process.
+
+Each point starts fresh so its thread settings are in place before torch starts, bound to its cores
+(see binding.py), under a timeout; a point that crashes, hangs or fails still gets a record saying
+why, and the sweep goes on. Records are appended point by point, so a rerun into the same output
+resumes: points that already have a record are skipped. Exports, OpenVINO IR and the optimized
+backend's tuning decisions are cached on disk (artifacts.py), so later points reuse them.
+"""
+
+import hashlib
+import json
+import math
+import os
+import random
+import sys
+import time
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from ..core import records as res
+from ..core.errors import UnsupportedError, UsageError
+from ..core.log import logger
+from ..core.processes import run_argv, run_isolated
+from ..machine import allocators
+from ..machine.binding import plan, probe
+from ..machine.topology import numa_cpus_from_env, read_topology
+from ..measurement.timing import ORDER_SEED, ROUND_GAP_S, ROUND_S
+from .turns import Taker
+
+SHAPE_KEYS = ("input_size", "seq_len", "new_tokens")
+
+
+@dataclass(frozen=True)
+class Point:
+    model: str
+    backend: str
+    precision: str
+    batch_size: int
+    threads: int
+    allocator: str = "default"
+    shape: tuple = ()                  # sorted (name, value) overrides, e.g. (("seq_len", 128),)
+    repeat: int = 0                    # the same configuration again, in another process (SweepConfig.repeats)
+
+    @property
+    def point_id(self) -> str:
+        fields_ = asdict(self)
+        if not fields_["repeat"]:
+            del fields_["repeat"]       # a sweep without repeats keeps the ids it always had
+        text = json.dumps(fields_, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    @property
+    def label(self) -> str:
+        extra = "".join(f" {k}={v}" for k, v in self.shape)
+        alloc = "" if self.allocator == "default" else f" [{self.allocator}]"
+        again = f" (repeat {self.repeat + 1})" if self.repeat else ""
+        return f"{self.model} {self.backend} {self.precision} b{self.batch_size} t{self.threads}{alloc}{extra}{again}"
+
+
+@dataclass
+class SweepConfig:
+    """What to sweep; validated as a whole before anything runs (bad input costs nothing measured)."""
+
+    models: list[str]
+    backends: list[str] = field(default_factory=lambda: ["aio"])
+    precisions: list[str] = field(default_factory=lambda: ["fp32"])
+    batch_sizes: list[int] = field(default_factory=lambda: [1])
+    threads: list[int] | None = None          # None: powers of two up to the physical cores, plus that
+    allocators: list[str] = field(default_factory=lambda: ["default"])
+    shape: dict = field(default_factory=dict)
+    timeout: float = 20.0                     # measured seconds per point
+    point_timeout: float = 900.0              # seconds before a point's process is killed
+    output: str = "results/sweep"
+    # Each point measured this many times, each in its own process, the rounds one after another. A process
+    # has its own memory layout and placement, which moves its timings by a percent or more; repeats let a
+    # comparison see that spread (compare.py) instead of mistaking it for a change.
+    repeats: int = 1
+    # Every point also reads the machine after each round (machine_probe.py), for compare.
+    probe: bool = False
+    # Up to this many points' processes alive at once, taking one-second turns (turns.py); 1: one after another.
+    interleave: int = 1
+
+    def __post_init__(self):
+        from ..backends import available_backends, get_backend
+        from ..core.precision import PRECISIONS, validate
+        from ..models import ZOO, get_model
+
+        # "all" (or ["all"]) stands for every zoo model, every backend installed here, every precision.
+        for name, every in (("models", lambda: list(ZOO)), ("backends", available_backends),
+                            ("precisions", lambda: list(PRECISIONS))):
+            if getattr(self, name) in ("all", ["all"]):
+                setattr(self, name, every())
+        if not self.models:
+            raise UsageError("no model to sweep; accepted: zoo names (aio-examples list)")
+        for m in self.models:
+            get_model(m)
+        for b in self.backends:
+            get_backend(b)
+        for p in self.precisions:
+            validate(p)
+        for a in self.allocators:
+            allocators.validate(a)
+        if not isinstance(self.repeats, int) or isinstance(self.repeats, bool) or self.repeats < 1:
+            raise UsageError(f"repeats {self.repeats!r} is invalid; accepted: a whole number >= 1")
+        if not isinstance(self.interleave, int) or isinstance(self.interleave, bool) or self.interleave < 1:
+            raise UsageError(f"interleave {self.interleave!r} is invalid; accepted: a whole number >= 1 "
+                             "(processes taking turns)")
+        if not isinstance(self.probe, bool):
+            raise UsageError(f"probe {self.probe!r} is invalid; accepted: true or false")
+        for name in ("batch_sizes", "threads"):
+            for v in getattr(self, name) or []:
+                if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                    raise UsageError(f"{name} value {v!r} is invalid; accepted: whole numbers >= 1")
+        for k, v in self.shape.items():
+            if k not in SHAPE_KEYS or not isinstance(v, int) or v < 1:
+                raise UsageError(f"shape {k}={v!r} is invalid; accepted: {', '.join(SHAPE_KEYS)} = whole numbers")
+        for name in ("timeout", "point_timeout"):
+            if not isinstance(getattr(self, name), (int, float)) or getattr(self, name) <= 0:
+                raise UsageError(f"{name} {getattr(self, name)!r} is invalid; accepted: seconds > 0")
+
+    @classmethod
+    def from_toml(cls, path, overrides: dict | None = None) -> "SweepConfig":
+        """A sweep kept in a file (see sweeps/*.toml); `overrides` (from the command line) win."""
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except OSError as exc:
+            raise UsageError(f"--config {str(path)!r} cannot be read ({exc.strerror}); accepted: a TOML file") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise UsageError(f"--config {str(path)!r} is not valid TOML ({exc})") from exc
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise UsageError(f"{path}: unknown key {unknown[0]!r}; accepted: {', '.join(sorted(known))}")
+        if data.get("threads") == "auto":
+            data["threads"] = None
+        data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        return cls(**data)
+
+    def points(self, default_threads: list[int]) -> list[Point]:
+        shape = tuple(sorted(self.shape.items()))
+        return [Point(m, b, p, bs, t, a, shape, r) for r in range(self.repeats) for m in self.models
+                for b in self.backends for p in self.precisions for bs in self.batch_sizes
+                for t in (self.threads or default_threads) for a in self.allocators]
+
+
+@dataclass
+class SweepSummary:
+    total: int
+    skipped: int                      # already in the output (resumed)
+    statuses: dict
+    prepare_s: float
+    warmup_s: float
+    measured_s: float
+    wall_s: float
+    interrupted: bool = False
+
+    def text(self, out: Path) -> str:
+        ran = sum(self.statuses.values())
+        counts = ", ".join(f"{n} {s}" for s, n in sorted(self.statuses.items())) or "nothing"
+        lines = [f"sweep: {ran} point(s) run ({counts}), {self.skipped} already done, of {self.total}",
+                 (f"time: {self.wall_s:.0f} s wall, of which preparing {self.prepare_s:.0f} s (compiling, exporting, "
+                  f"tuning), warming up {self.warmup_s:.0f} s and measuring {self.measured_s:.0f} s; the rest is "
+                  "process start, model building and the eager fp32 reference outputs"),
+                 f"records: {out / 'results.jsonl'}"]
+        if self.interrupted:
+            lines.insert(0, "sweep interrupted: the points above are kept; rerun the same command to resume")
+        return "\n".join(lines)
+
+
+def finished_points(out: Path) -> set[str]:
+    return {r["point_id"] for r in res.records_in(out) if r.get("point_id")}
+
+
+def point_env(point: Point, binding, base=None) -> dict:
+    """The child's environment: threads, binding and allocator in place before it imports torch."""
+    env = dict(os.environ if base is None else base)
+    env.update(binding.child_env(point.threads))
+    env.update(allocators.env_for(point.allocator, env))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+@dataclass
+class Launch:
+    """How one point's process is started: its argv, environment and binding (or why it cannot be)."""
+
+    point: Point
+    spec: object
+    binding: object
+    env: dict | None = None
+    argv: list | None = None
+    unsupported: str | None = None
+
+
+def launch_of(point: Point, cfg: SweepConfig, out: Path, topology, numa_cpus=None, **extra) -> Launch:
+    from ..models import get_model
+
+    spec = get_model(point.model)
+    cores = topology.pick_cpus(point.threads, numa_cpus)
+    binding = probe(plan(topology, cores))
+    try:
+        env = point_env(point, binding)
+    except UnsupportedError as exc:
+        return Launch(point, spec, binding, unsupported=str(exc))
+    argv = run_argv(point.model, dict(point.shape), backend=point.backend, precision=point.precision,
+                    batch_size=point.batch_size, threads=point.threads, timeout=cfg.timeout, output=out,
+                    point_id=point.point_id, probe=cfg.probe, json=True, **extra)
+    return Launch(point, spec, binding, env, argv)
+
+
+def status_of(launch: Launch, out: Path, start: int, outcome) -> str:
+    """The status the point's process recorded (read from offset `start`), or a record of how it ended."""
+    written = [r for r in res.records_in(out, start) if r.get("point_id") == launch.point.point_id]
+    if written:
+        return written[-1]["status"]
+    status = "timeout" if outcome.timed_out else "failed"
+    return _record(out, launch.point, launch.spec, status, outcome.reason, launch.binding)
+
+
+def run_point(point: Point, cfg: SweepConfig, out: Path, topology, numa_cpus=None) -> str:
+    """Run one point in its own bound process; return the status recorded for it."""
+    launch = launch_of(point, cfg, out, topology, numa_cpus)
+    if launch.unsupported:
+        return _record(out, point, launch.spec, "unsupported", launch.unsupported, launch.binding)
+    start = res.end_offset(out)       # read back only what this point appends, not the whole sweep again
+    outcome = run_isolated(launch.argv, cfg.point_timeout, env=launch.env, prefix=launch.binding.prefix())
+    return status_of(launch, out, start, outcome)
+
+
+def run_taking_turns(points: list[Point], cfg: SweepConfig, out: Path, topology, numa_cpus=None):
+    """Run `points` up to cfg.interleave at a time, their processes taking turns (turns.py); yield each
+    point's status as its record is written. A group also stops growing while the memory left is less than
+    what its largest process holds (plus a margin), so a machine smaller than the setting still runs. Ctrl-C
+    stops every process that is measuring, so it writes what it has, then stops the sweep."""
+    import psutil
+
+    queue = list(points)
+    while queue:
+        takers = []
+        try:
+            while queue and len(takers) < cfg.interleave:
+                largest = max((t.rss() for t in takers), default=0)
+                if takers and psutil.virtual_memory().available < 1.5 * largest + MEMORY_MARGIN:
+                    logger.info("sweep: %d point(s) taking turns: too little memory left for another", len(takers))
+                    break
+                # One at a time: each process prepares and warms up with the machine to itself.
+                status, taker = _start_taker(queue.pop(0), cfg, out, topology, numa_cpus)
+                if taker is None:
+                    yield status
+                else:
+                    takers.append(taker)
+            order = random.Random(ORDER_SEED)
+            while waiting := [t for t in takers if t.alive and t.turns_left > 0]:
+                order.shuffle(waiting)      # a new order each cycle: no point always follows the same one
+                for taker in waiting:
+                    time.sleep(ROUND_GAP_S)
+                    taker.turn(cfg.point_timeout)
+            while takers:                   # one record at a time, in the sweep's order
+                yield _stop_taker(takers.pop(0), cfg, out)
+        finally:
+            for taker in takers:            # interrupted: whoever measured writes what it has
+                _stop_taker(taker, cfg, out)
+
+
+MEMORY_MARGIN = 1 << 30      # bytes kept free beyond another process like the largest so far
+
+
+def _start_taker(point: Point, cfg: SweepConfig, out: Path, topology, numa_cpus):
+    """(status, None) if the point ended before it was ready (its record says why), else (None, Taker)."""
+    launch = launch_of(point, cfg, out, topology, numa_cpus)
+    if launch.unsupported:
+        return _record(out, point, launch.spec, "unsupported", launch.unsupported, launch.binding), None
+    taker = Taker.spawn(launch.argv, launch.env, launch.binding.prefix(), math.ceil(cfg.timeout / ROUND_S),
+                        context=(launch, res.end_offset(out)))
+    if taker.wait_ready(cfg.point_timeout):
+        return None, taker
+    return _stop_taker(taker, cfg, out), None
+
+
+def _stop_taker(taker: Taker, cfg: SweepConfig, out: Path) -> str:
+    launch, start = taker.context
+    return status_of(launch, out, start, taker.stop(cfg.point_timeout))
+
+
+def _record(out, point: Point, spec, status: str, reason: str, binding) -> str:
+    r = res.Result.for_config(spec, point.backend, point.precision, point.batch_size, point.threads,
+                              spec.shape(**dict(point.shape)), status=status, reason=reason,
+                              binding={"method": binding.method, "cores": list(binding.cores),
+                                       "membind": list(binding.membind) if binding.membind else None},
+                              warnings=list(binding.warnings), point_id=point.point_id)
+    r.env = {"allocator": point.allocator}
+    res.append(out, r)
+    logger.warning("sweep: %s %s: %s", point.label, status, reason)
+    return status
+
+
+def run_sweep(cfg: SweepConfig, quiet: bool = False) -> SweepSummary:
+    """Run every point of the sweep that has no record yet; Ctrl-C stops after saying what is done."""
+    from tqdm import tqdm
+
+    out = res.check_output_dir(cfg.output)
+    topology = read_topology()
+    numa_cpus = numa_cpus_from_env()
+    default_threads = topology.default_thread_counts()
+    points = cfg.points(default_threads)
+    for t in sorted({p.threads for p in points}):
+        topology.pick_cpus(t, numa_cpus)         # too many threads for this machine: say so before running
+    done = finished_points(out)
+    todo = [p for p in points if p.point_id not in done]
+    statuses: dict[str, int] = {}
+    start = time.perf_counter()
+    interrupted = False
+    bar = tqdm(total=len(points), initial=len(points) - len(todo), unit="point", file=sys.stderr,
+               disable=quiet or os.environ.get("CI", "").lower() in ("1", "true"), dynamic_ncols=True)
+    try:
+        if cfg.interleave > 1:
+            bar.set_postfix_str(f"{cfg.interleave} points taking turns")
+            logger.info("sweep: %d point(s), up to %d at a time taking turns", len(todo), cfg.interleave)
+            for status in run_taking_turns(todo, cfg, out, topology, numa_cpus):
+                statuses[status] = statuses.get(status, 0) + 1
+                bar.update(1)
+        else:
+            for point in todo:
+                bar.set_postfix_str(point.label)
+                if bar.disable:
+                    logger.info("sweep point %d/%d: %s", len(points) - len(todo) + sum(statuses.values()) + 1,
+                                len(points), point.label)
+                status = run_point(point, cfg, out, topology, numa_cpus)
+                statuses[status] = statuses.get(status, 0) + 1
+                bar.update(1)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        bar.close()
+    ids = {p.point_id for p in todo}
+    mine = [r for r in res.records_in(out) if r.get("point_id") in ids]
+    summary = SweepSummary(len(points), len(points) - len(todo), statuses,
+                           sum(r.get("prepare_s") or 0 for r in mine),
+                           sum((r.get("warmup") or {}).get("seconds") or 0 for r in mine),
+                           sum(r.get("measured_s") or 0 for r in mine),
+                           time.perf_counter() - start, interrupted)
+    return summary

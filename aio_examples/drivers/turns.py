@@ -1,0 +1,128 @@
+"""Points taking turns: a sweep keeps several points' processes alive and lets each measure one round at a time.
+
+A run that measures each point in one stretch of seconds sees the machine in one state, and on a shared
+virtual machine that state lasts seconds to minutes and moves a 2-thread point by tens of percent (see
+machine_probe.py). Repeating the point in more processes samples more states, but every process pays for
+its start, its preparation and its warm-up again. Taking turns pays for them once: up to `interleave`
+points are started and warmed up one after another, then the sweep hands out one-second turns, a new
+shuffled order every cycle, so each point's passes come from states spread over the whole stretch, while
+still only one point runs at a time and each stays in its own process.
+
+The sweep talks to each process over a pair of pipes (`run --turns R,W`, file descriptors inherited):
+the process says `ready` once warmed up, then measures one round for every `go` and answers `done`,
+until `stop`, when it writes its record and exits as a lone run would.
+"""
+
+import os
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+from ..core.errors import UsageError
+
+READY, GO, DONE, STOP = "ready", "go", "done", "stop"
+
+
+class Turns:
+    """A point's side: told by the sweep that started it when to measure."""
+
+    def __init__(self, spec: str):
+        try:
+            read_fd, write_fd = (int(x) for x in spec.split(","))
+        except ValueError:
+            raise UsageError(f"--turns {spec!r} is invalid; accepted: READ_FD,WRITE_FD (set by a sweep)") from None
+        self._in = Connection(read_fd, writable=False)
+        self._out = Connection(write_fd, readable=False)
+
+    def ready(self) -> None:
+        self._out.send(READY)
+
+    def wait(self) -> bool:
+        """Block until the sweep says go (True) or stop (False; also if the sweep is gone)."""
+        try:
+            return self._in.recv() == GO
+        except (EOFError, OSError):
+            return False
+
+    def done(self) -> None:
+        self._out.send(DONE)
+
+
+@dataclass
+class Taker:
+    """The sweep's side of one point's process: its pipes, and whether it is still taking turns."""
+
+    proc: object                     # launch.Isolated
+    to_child: Connection
+    from_child: Connection
+    turns_left: int
+    context: object = None           # whatever the sweep needs to make the point's record
+    alive: bool = True
+
+    @classmethod
+    def spawn(cls, argv: list[str], env: dict, prefix: list[str], turns: int, context=None) -> "Taker":
+        """Start `python argv... --turns R,W` with the two pipe ends it reads and writes inherited."""
+        from ..core.processes import Isolated
+
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        try:
+            proc = Isolated([*argv, "--turns", f"{to_child_r},{from_child_w}"], env=env, prefix=prefix,
+                            pass_fds=(to_child_r, from_child_w))
+        except BaseException:
+            os.close(to_child_w)
+            os.close(from_child_r)
+            raise
+        finally:
+            os.close(to_child_r)         # the child's ends: only the child holds them now
+            os.close(from_child_w)
+        return cls(proc, Connection(to_child_w, readable=False), Connection(from_child_r, writable=False), turns,
+                   context)
+
+    def _expect(self, what: str, timeout_s: float) -> bool:
+        """Wait for `what` from the child; False if it ended or said nothing in time."""
+        try:
+            if self.from_child.poll(timeout_s) and self.from_child.recv() == what:
+                return True
+        except (EOFError, OSError):
+            pass
+        self.alive = False
+        return False
+
+    def rss(self) -> int:
+        """Resident memory of the process and its children (numactl execs in place), bytes; 0 once gone."""
+        import psutil
+
+        try:
+            proc = psutil.Process(self.proc.proc.pid)
+            return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)])
+        except psutil.Error:
+            return 0
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        return self._expect(READY, timeout_s)
+
+    def turn(self, timeout_s: float) -> bool:
+        """One round of passes; False when the process did not answer in time (it crashed or hung)."""
+        self.turns_left -= 1
+        try:
+            self.to_child.send(GO)
+        except OSError:
+            self.alive = False
+            return False
+        return self._expect(DONE, timeout_s)
+
+    def stop(self, timeout_s: float):
+        """Say stop (a process that measured writes its record and exits) and wait: its launch.Outcome.
+        One that crashed or hung mid-turn is killed by the wait's timeout at the latest."""
+        try:
+            self.to_child.send(STOP)
+        except OSError:
+            pass
+        try:
+            return self.proc.wait(timeout_s if self.alive else min(timeout_s, HUNG_S))
+        finally:
+            self.to_child.close()
+            self.from_child.close()
+
+
+HUNG_S = 10.0     # a process that did not answer its turn has this long to end on its own before it is killed

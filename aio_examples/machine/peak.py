@@ -1,0 +1,133 @@
+"""This machine's practical matrix-multiply peak, per precision and thread count.
+
+A model's achieved FLOP/s means little alone; as a share of what the machine can do at all it says
+how much headroom a backend leaves. The peak is the best of several engines on large square GEMMs:
+torch's own (`torch.mm`, oneDNN/MKL underneath), oneDNN through torch at bf16, and OpenVINO's MatMul.
+Each (precision, threads) is measured in its own process so the thread count is in effect before
+the libraries start their pools, and the table is cached per machine (CPU model, ISA, versions).
+"""
+
+import json
+import sys
+import time
+
+from ..core.paths import cache_dir, write_json_atomic
+from ..core.processes import run_isolated
+from .environment import capture
+
+PEAK_PRECISIONS = ("fp32", "bf16")
+SIZE = 2048                    # large enough to be compute bound, small enough to take ~0.1 s a pass
+MEASURE_S = 2.0
+
+
+def fingerprint() -> str:
+    env = capture({})
+    return "|".join([env.get("cpu_model") or "?", env.get("arch") or "?", ",".join(env.get("isa") or []),
+                     f"torch {env['versions'].get('torch')}", f"openvino {env['versions'].get('openvino')}"])
+
+
+def cache_path():
+    import hashlib
+
+    return cache_dir() / "peak" / (hashlib.sha256(fingerprint().encode()).hexdigest()[:16] + ".json")
+
+
+def cached() -> dict:
+    """{"fingerprint", "peaks": {precision: {threads: {"gflops", "engine", "engines"}}}} or empty."""
+    try:
+        return json.loads(cache_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def peak_gflops(precision: str, threads: int) -> float | None:
+    entry = (cached().get("peaks") or {}).get(precision, {}).get(str(threads))
+    return entry["gflops"] if entry else None
+
+
+def measure_peaks(precisions, threads_list, timeout_s: float = 300.0) -> dict:
+    """Measure every (precision, threads) in a fresh process; merge into the machine's cached table."""
+    import os
+
+    path = cache_path()
+    part = path.with_name(path.name + ".part")
+    table = cached() or {"fingerprint": fingerprint(), "peaks": {}}
+    for precision in precisions:
+        for threads in threads_list:
+            env = {**os.environ, "OMP_NUM_THREADS": str(threads), "AIO_NUM_THREADS": str(threads)}
+            outcome = run_isolated(["-m", "aio_examples.peak", precision, str(threads), str(part)], timeout_s, env=env)
+            try:
+                engines = json.loads(part.read_text())
+                part.unlink()
+            except (OSError, ValueError):
+                engines = {"error": outcome.reason}
+            speeds = {k: v for k, v in engines.items() if isinstance(v, float)}
+            best = max(speeds, key=speeds.get) if speeds else None
+            table["peaks"].setdefault(precision, {})[str(threads)] = {
+                "gflops": speeds[best] if best else None, "engine": best, "engines": engines}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, table, indent=1)
+    return table
+
+
+def _time_gflops(fn, flops: float) -> float:
+    fn()
+    fn()
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < MEASURE_S:
+        fn()
+        n += 1
+    return flops * n / (time.perf_counter() - start) / 1e9
+
+
+def _engines(precision: str, threads: int) -> dict:
+    """GFLOP/s of each engine that can run this precision here (errors recorded, not raised)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    flops = 2.0 * SIZE ** 3
+    out: dict = {}
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
+    a, b = torch.randn(SIZE, SIZE).to(dtype), torch.randn(SIZE, SIZE).to(dtype)
+    try:
+        out["torch.mm"] = _time_gflops(lambda: torch.mm(a, b), flops)
+    except Exception as exc:  # noqa: BLE001
+        out["torch.mm"] = f"{type(exc).__name__}: {exc}"
+    if precision == "bf16":
+        try:
+            lin = torch.nn.Linear(SIZE, SIZE, bias=False).to(dtype).eval()
+            with torch.no_grad():
+                packed = torch.jit.freeze(torch.jit.trace(lin, (a,)))
+                out["onednn-linear"] = _time_gflops(lambda: packed(a), flops)
+        except Exception as exc:  # noqa: BLE001
+            out["onednn-linear"] = f"{type(exc).__name__}: {exc}"
+    try:
+        import numpy as np
+        import openvino as ov
+        from openvino import opset13 as ops
+
+        x = ops.parameter([SIZE, SIZE], np.float32)
+        model = ov.Model([ops.matmul(x, ops.constant(np.random.rand(SIZE, SIZE).astype(np.float32)), False, False)],
+                         [x])
+        hint = {"fp32": "f32", "bf16": "bf16"}[precision]
+        compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": threads,
+                                                         "INFERENCE_PRECISION_HINT": hint,
+                                                         "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1})
+        runs = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+        if runs != hint:           # e.g. bf16 asked on a CPU without native bf16: not this precision's peak
+            out["openvino"] = f"runs {runs}, not {hint}"
+        else:
+            request = compiled.create_infer_request()
+            xin = np.random.rand(SIZE, SIZE).astype(np.float32)
+            out["openvino"] = _time_gflops(lambda: request.infer([xin], share_inputs=True), flops)
+    except Exception as exc:  # noqa: BLE001
+        out["openvino"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+if __name__ == "__main__":          # one (precision, threads) measurement in its own process
+    prec, n_threads, dest = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    from pathlib import Path
+
+    Path(dest).parent.mkdir(parents=True, exist_ok=True)
+    Path(dest).write_text(json.dumps(_engines(prec, n_threads)))

@@ -1,0 +1,323 @@
+"""CPU topology as the process sees it: allowed CPUs, physical cores, SMT siblings, sockets, NUMA nodes, cgroup quota.
+
+Everything here is pure: the readers take canned text or a sysfs/cgroup root so tests can describe other machines,
+and the selection helpers only look at a `Topology`. Pinning a run to CPUs is the caller's business.
+"""
+
+import math
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..core.errors import UsageError
+
+NUMA_CPUS_ENV = "AIO_NUMA_CPUS"
+
+
+@dataclass(frozen=True)
+class Topology:
+    allowed_cpus: tuple[int, ...]            # logical CPUs in this process's affinity mask
+    core_of: dict[int, tuple[int, int]]      # cpu -> (package, core) for allowed cpus
+    numa_nodes: tuple[int, ...]              # every NUMA node of the machine, allowed CPUs or not
+    cgroup_cpu_limit: float | None           # cpu.max quota / period, None when unlimited
+    node_of: dict[int, int] = field(default_factory=dict)   # cpu -> NUMA node; missing means node 0
+
+    @property
+    def physical_cores(self) -> int:
+        """Distinct physical cores among allowed CPUs, capped by the cgroup quota."""
+        cores = len({self.core_of[c] for c in self.allowed_cpus}) or len(self.allowed_cpus)
+        if self.cgroup_cpu_limit is not None:
+            cores = min(cores, max(1, math.floor(self.cgroup_cpu_limit)))
+        return max(1, cores)
+
+    @property
+    def logical_cpus(self) -> int:
+        """Logical CPUs the process may run on, capped by the cgroup quota."""
+        n = len(self.allowed_cpus)
+        if self.cgroup_cpu_limit is not None:
+            n = min(n, max(1, math.ceil(self.cgroup_cpu_limit)))
+        return max(1, n)
+
+    def _core(self, cpu: int) -> tuple[int, int]:
+        return self.core_of.get(cpu, (0, cpu))
+
+    def _node(self, cpu: int) -> int:
+        return self.node_of.get(cpu, 0)
+
+    @property
+    def sockets(self) -> tuple[int, ...]:
+        """Packages that hold at least one allowed CPU."""
+        return tuple(sorted({self._core(c)[0] for c in self.allowed_cpus}))
+
+    @property
+    def node_cpus(self) -> dict[int, tuple[int, ...]]:
+        """NUMA node -> its allowed CPUs, only for nodes this process can run on."""
+        out: dict[int, list[int]] = {}
+        for cpu in self.allowed_cpus:
+            out.setdefault(self._node(cpu), []).append(cpu)
+        return {node: tuple(sorted(cpus)) for node, cpus in sorted(out.items())}
+
+    @property
+    def core_cpus(self) -> tuple[tuple[int, ...], ...]:
+        """Allowed CPUs grouped by physical core (SMT siblings together, lowest first), in `primary_cpus` order,
+        ignoring the cgroup quota."""
+        groups: dict[tuple[int, int], list[int]] = {}
+        for cpu in sorted(self.allowed_cpus):
+            groups.setdefault(self._core(cpu), []).append(cpu)
+        ordered = sorted(groups.items(), key=lambda kv: (self._node(kv[1][0]), kv[0][0], kv[0][1], kv[1][0]))
+        return tuple(tuple(cpus) for _, cpus in ordered)
+
+    def siblings(self, cpu: int) -> tuple[int, ...]:
+        """Allowed CPUs sharing `cpu`'s physical core, itself included."""
+        key = self._core(cpu)
+        return tuple(c for c in sorted(self.allowed_cpus) if self._core(c) == key)
+
+    def primary_cpus(self) -> tuple[int, ...]:
+        """One CPU per physical core (the lowest sibling), by NUMA node, socket, core, cpu; at most floor(quota)
+        cores when a cgroup quota is set, since more cores than the quota only buys throttling."""
+        primaries = tuple(group[0] for group in self.core_cpus)
+        if self.cgroup_cpu_limit is not None:
+            primaries = primaries[:max(1, math.floor(self.cgroup_cpu_limit))]
+        return primaries
+
+    def _preferred_order(self) -> tuple[int, ...]:
+        """Every allowed CPU: one per physical core first, then second siblings, third siblings, ...
+
+        The quota does not remove CPUs here: it limits CPU time, not which CPUs may be used."""
+        groups = self.core_cpus
+        depth = max((len(g) for g in groups), default=0)
+        return tuple(g[k] for k in range(depth) for g in groups if k < len(g))
+
+    def _check_numa_cpus(self, numa_cpus: Sequence[int]) -> tuple[int, ...]:
+        listed = tuple(int(c) for c in numa_cpus)
+        allowed = set(self.allowed_cpus)
+        accepted = f"accepted: CPUs from {format_cpu_list(self.allowed_cpus)}, each at most once"
+        for cpu in listed:
+            if cpu not in allowed:
+                raise UsageError(f"{NUMA_CPUS_ENV} lists CPU {cpu}, which this process may not run on; {accepted}")
+        dup = next((c for i, c in enumerate(listed) if c in listed[:i]), None)
+        if dup is not None:
+            raise UsageError(f"{NUMA_CPUS_ENV} lists CPU {dup} twice; {accepted}")
+        return listed
+
+    def pick_cpus(self, n: int, numa_cpus: Sequence[int] | None = None) -> tuple[int, ...]:
+        """The CPUs for `n` threads: the first n of `numa_cpus` (the user's explicit choice) when given, else one per
+        physical core first (SMT siblings share execution units, so they add little for dense compute), then the
+        remaining siblings."""
+        if n < 1:
+            raise UsageError(f"threads={n} is invalid; accepted: a whole number of threads >= 1")
+        if numa_cpus is not None:
+            listed = self._check_numa_cpus(numa_cpus)
+            if len(listed) < n:
+                raise UsageError(f"{NUMA_CPUS_ENV}={_spaced(listed)!r} lists {len(listed)} CPUs but {n} threads need "
+                                 f"{n}; accepted: at least {n} CPUs from {format_cpu_list(self.allowed_cpus)}")
+            return listed[:n]
+        order = self._preferred_order()
+        if n > len(order):
+            raise UsageError(f"{n} threads need {n} CPUs but only {len(order)} are available to this process "
+                             f"(CPUs {format_cpu_list(self.allowed_cpus)}); accepted: 1..{len(order)}")
+        return order[:n]
+
+    def disjoint_cpu_sets(self, instances: int, threads_per_instance: int,
+                          numa_cpus: Sequence[int] | None = None) -> tuple[tuple[int, ...], ...]:
+        """`instances` disjoint CPU sets of `threads_per_instance` CPUs, so concurrent instances do not share cores.
+
+        Together they are the CPUs `pick_cpus(instances * threads_per_instance)` would take (physical cores before
+        siblings). Without `numa_cpus`, a set that would straddle NUMA nodes is moved into one node when a node still
+        has enough of those CPUs on as many physical cores; with `numa_cpus`, the user's order is split in runs.
+        """
+        if instances < 1 or threads_per_instance < 1:
+            raise UsageError(f"instances={instances}, threads per instance={threads_per_instance} is invalid; "
+                             "accepted: whole numbers >= 1")
+        total = instances * threads_per_instance
+        shape = f"{instances} instances x {threads_per_instance} threads need {total} CPUs"
+        if numa_cpus is not None:
+            listed = self._check_numa_cpus(numa_cpus)
+            if len(listed) < total:
+                raise UsageError(f"{shape} but {NUMA_CPUS_ENV}={_spaced(listed)!r} lists only {len(listed)}; "
+                                 f"accepted: at least {total} CPUs from {format_cpu_list(self.allowed_cpus)}")
+            return tuple(listed[i * threads_per_instance:(i + 1) * threads_per_instance] for i in range(instances))
+        order = self._preferred_order()
+        if total > len(order):
+            raise UsageError(f"{shape} but only {len(order)} are available to this process "
+                             f"(CPUs {format_cpu_list(self.allowed_cpus)}); accepted: instances x threads <= "
+                             f"{len(order)}")
+        remaining = list(order[:total])
+        sets = []
+        for _ in range(instances):
+            chosen = remaining[:threads_per_instance]
+            if len(self.nodes_of(chosen)) > 1:
+                chosen = self._one_node_alternative(remaining, threads_per_instance, chosen)
+            sets.append(tuple(chosen))
+            remaining = [c for c in remaining if c not in chosen]
+        return tuple(sets)
+
+    def _one_node_alternative(self, remaining: list[int], size: int, straddling: list[int]) -> list[int]:
+        """`size` CPUs of `remaining` within one NUMA node, unless that costs physical cores (an instance on SMT
+        siblings loses more than one reaching across nodes)."""
+        cores = len({self._core(c) for c in straddling})
+        by_node: dict[int, list[int]] = {}
+        for cpu in remaining:
+            by_node.setdefault(self._node(cpu), []).append(cpu)
+        for cpus in by_node.values():
+            if len(cpus) >= size and len({self._core(c) for c in cpus[:size]}) >= cores:
+                return cpus[:size]
+        return straddling
+
+    def nodes_of(self, cpus: Iterable[int]) -> tuple[int, ...]:
+        """NUMA nodes the given CPUs belong to, to record where a run's memory is likely to live."""
+        return tuple(sorted({self._node(c) for c in cpus}))
+
+    def default_thread_counts(self) -> list[int]:
+        """Powers of two up to the physical cores available, plus that maximum: a scaling sweep that ends at the
+        count a default run uses."""
+        top = self.physical_cores
+        counts = [1 << k for k in range(top.bit_length()) if 1 << k < top]
+        return [*counts, top]
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _spaced(cpus: Iterable[int]) -> str:
+    return " ".join(str(c) for c in cpus)
+
+
+def parse_cpu_list(text: str) -> tuple[int, ...]:
+    """Parse a kernel CPU list such as '0-3,8,10-11'."""
+    cpus: list[int] = []
+    for part in text.replace(" ", ",").split(","):
+        if not part:
+            continue
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            cpus.extend(range(int(lo), int(hi) + 1))
+        else:
+            cpus.append(int(part))
+    return tuple(sorted(set(cpus)))
+
+
+def format_cpu_list(cpus: Iterable[int]) -> str:
+    """The kernel's compact form, '0-3,8', so messages about big machines stay on one line."""
+    runs: list[list[int]] = []
+    for cpu in sorted(set(cpus)):
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in runs) or "none"
+
+
+_NUMA_ITEM = re.compile(r"(\d+)(?:-(\d+))?")
+
+
+def parse_numa_cpus(text: str) -> tuple[int, ...]:
+    """Parse AIO_NUMA_CPUS ('0 1 2', '0,1,2' or '0-3', 0-based) keeping the user's order, which decides which CPUs
+    the first threads get."""
+    accepted = "accepted: 0-based CPU numbers separated by spaces or commas, ranges like 0-3, each CPU once"
+    items = [item for item in re.split(r"[\s,]+", text.strip()) if item]
+    if not items:
+        raise UsageError(f"{NUMA_CPUS_ENV}={text!r} lists no CPUs; {accepted}")
+    cpus: list[int] = []
+    for item in items:
+        match = _NUMA_ITEM.fullmatch(item)
+        if not match or (match[2] is not None and int(match[2]) < int(match[1])):
+            raise UsageError(f"{NUMA_CPUS_ENV}={text!r} has {item!r}; {accepted}")
+        lo = int(match[1])
+        hi = int(match[2]) if match[2] is not None else lo
+        for cpu in range(lo, hi + 1):
+            if cpu in cpus:
+                raise UsageError(f"{NUMA_CPUS_ENV}={text!r} lists CPU {cpu} twice; {accepted}")
+            cpus.append(cpu)
+    return tuple(cpus)
+
+
+def cgroup_cpu_limit(cgroup_root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """CPU quota in cores from cgroup v2 `cpu.max` or v1 `cpu.cfs_quota_us`; None if unlimited."""
+    v2 = _read(cgroup_root / "cpu.max")
+    if v2:
+        quota, _, period = v2.partition(" ")
+        if quota != "max" and period:
+            return int(quota) / int(period)
+        return None
+    quota = _read(cgroup_root / "cpu" / "cpu.cfs_quota_us")
+    period = _read(cgroup_root / "cpu" / "cpu.cfs_period_us")
+    if quota and period and int(quota) > 0:
+        return int(quota) / int(period)
+    return None
+
+
+def read_topology(allowed: tuple[int, ...] | None = None, sysfs: Path = Path("/sys/devices/system"),
+                  cgroup_root: Path = Path("/sys/fs/cgroup")) -> Topology:
+    """Read the topology of this machine (or of canned sysfs/cgroup trees)."""
+    if allowed is None:
+        allowed = tuple(sorted(os.sched_getaffinity(0)))
+    core_of = {}
+    for cpu in allowed:
+        topo = sysfs / "cpu" / f"cpu{cpu}" / "topology"
+        pkg = _read(topo / "physical_package_id")
+        core = _read(topo / "core_id")
+        core_of[cpu] = (int(pkg) if pkg else 0, int(core) if core else cpu)
+    node_dirs = sorted((sysfs / "node").glob("node[0-9]*")) if (sysfs / "node").is_dir() else []
+    nodes = sorted(int(p.name[4:]) for p in node_dirs)
+    wanted = set(allowed)
+    node_of = {}
+    for path in node_dirs:
+        cpulist = _read(path / "cpulist")
+        for cpu in parse_cpu_list(cpulist) if cpulist else ():
+            if cpu in wanted:
+                node_of[cpu] = int(path.name[4:])
+    return Topology(tuple(allowed), core_of, tuple(nodes) or (0,), cgroup_cpu_limit(cgroup_root), node_of)
+
+
+def from_lscpu(text: str, allowed: Iterable[int] | None = None, cgroup_limit: float | None = None) -> Topology:
+    """Build a topology from `lscpu -p=CPU,Core,Socket,Node` output (the machine's own view, handy where sysfs is
+    hidden). `allowed=None` means every listed CPU; an empty Socket or Node column (no NUMA info) counts as 0.
+
+    lscpu numbers cores across the whole machine while sysfs numbers them per socket, so `core_of` ids can differ
+    between the two readers; the grouping into cores is the same.
+    """
+    columns = ["cpu", "core", "socket", "node"]
+    rows: dict[int, dict[str, str]] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("#"):
+            header = [name.strip().lower() for name in line.lstrip("#").split(",")]
+            if "cpu" in header and all(re.fullmatch(r"\w+", name) for name in header):
+                columns = header
+            continue
+        if not line:
+            continue
+        values = [v.strip() for v in line.split(",")]
+        row = dict(zip(columns, values))
+        if len(values) != len(columns) or not row["cpu"].isdigit():
+            raise UsageError(f"lscpu line {line!r} does not match columns {','.join(columns)}; "
+                             "accepted: output of lscpu -p=CPU,Core,Socket,Node")
+        rows[int(row["cpu"])] = row
+
+    def number(row: dict[str, str], key: str, default: int) -> int:
+        value = row.get(key, "")
+        return int(value) if value.isdigit() else default
+
+    cpus = tuple(sorted(rows)) if allowed is None else tuple(sorted(set(allowed)))
+    core_of = {}
+    node_of = {}
+    for cpu in cpus:
+        row = rows.get(cpu, {})
+        core_of[cpu] = (number(row, "socket", 0), number(row, "core", cpu))
+        node_of[cpu] = number(row, "node", 0)
+    nodes = sorted({number(row, "node", 0) for row in rows.values()})
+    return Topology(cpus, core_of, tuple(nodes) or (0,), cgroup_limit, node_of)
+
+
+def numa_cpus_from_env(environ=None) -> tuple[int, ...] | None:
+    """The cores `AIO_NUMA_CPUS` chooses, or None when it is not set."""
+    environ = os.environ if environ is None else environ
+    text = environ.get(NUMA_CPUS_ENV, "").strip()
+    return parse_numa_cpus(text) if text else None

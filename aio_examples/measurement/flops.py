@@ -1,0 +1,36 @@
+"""FLOPs of one pass at batch 1, counted by torch.utils.flop_counter and cached per shape."""
+
+import json
+
+from ..core.paths import cache_dir, write_json_atomic
+
+
+def count_flops(spec, shape: dict) -> int:
+    """Multiply-adds x2 of one batch-1 pass of `spec` at `shape`, random weights."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from ..backends.base import Prepared
+
+    module = spec.build(shape=shape)
+    inputs = spec.example_inputs(1, shape, module)
+    one_pass = spec.make_pass(Prepared(module, inputs, "native"), shape)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        one_pass()
+    return int(counter.get_total_flops())
+
+
+def cached_flops(spec, shape: dict) -> int:
+    """`count_flops`, remembered on disk by model, shape and torch version."""
+    import torch
+
+    path = cache_dir() / "flops.json"
+    key = f"{spec.name}|{json.dumps(shape, sort_keys=True)}|torch {torch.__version__}"
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        table = {}
+    if key not in table:
+        table[key] = count_flops(spec, shape)
+        write_json_atomic(path, table, indent=1, sort_keys=True)
+    return table[key]

@@ -1,0 +1,335 @@
+"""Run configurations: build the model once, prepare it on each backend, measure, make records."""
+
+import copy
+import os
+import resource
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..backends import BACKENDS, PrepareContext, get_backend
+from ..backends.artifacts import weights_digest
+from ..compat.torchvision_shim import torchvision_status
+from ..core import precision as prec
+from ..core import records as res
+from ..core.errors import UnsupportedError, UsageError
+from ..core.log import logger
+from ..machine.environment import capture
+from ..machine.threads import ThreadChoice, apply_threads
+from ..models import ModelSpec, file_sha256
+from .output_check import compare
+from .timing import Measurement, StopRule, measure
+
+# Messages of errors that mean "this build cannot do that", not "something broke".
+_UNSUPPORTED_MARKERS = ("not implemented for", "Unsupported", "not supported", "NotImplementedError")
+
+
+@dataclass
+class RunRequest:
+    """What to measure: one model at one precision/batch/threads on one or more backends."""
+
+    spec: ModelSpec
+    backends: list[str]
+    precisions: list[str] | str = "fp32"      # one name or a list
+    batch_size: int = 1
+    threads: ThreadChoice = None
+    shape: dict = field(default_factory=dict)
+    weights: str | None = None
+    model_dir: str | None = None
+    rule: StopRule = field(default_factory=StopRule)
+    module: object = None            # a user's own module (then spec is a CustomModel)
+    example_inputs: tuple | None = None
+    instance: object = None          # an InstanceSync: one of several processes measured side by side
+    point_id: str | None = None      # the sweep point this run answers
+    probe: bool = False              # measure the machine probe after every round (machine_probe.py)
+    turns: object = None             # a turns.Turns: measure a round whenever the sweep says (turns.py)
+    flops_per_pass: int | None = None  # filled by run(): FLOPs of one pass (zoo models), for % of machine peak
+
+    def __post_init__(self):
+        if isinstance(self.precisions, str):
+            self.precisions = [self.precisions]
+        for p in self.precisions:
+            prec.validate(p)
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise UsageError(f"batch size {self.batch_size!r} is invalid; accepted: a whole number >= 1")
+        for name in self.backends:
+            get_backend(name)
+        if self.weights is not None and not Path(self.weights).is_file():
+            raise UsageError(f"--weights {self.weights!r} is not a readable file; "
+                             "accepted: a PyTorch state-dict file")
+        if self.model_dir is not None and not Path(self.model_dir).is_dir():
+            raise UsageError(f"--model-dir {self.model_dir!r} is not a folder; accepted: a local Hugging Face model folder")
+
+
+@dataclass
+class _Candidate:
+    backend: str
+    precision: str
+    result: res.Result
+    measurement: Measurement | None = None
+
+
+def _classify(exc: BaseException) -> tuple[str, str]:
+    text = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    if isinstance(exc, (UnsupportedError, NotImplementedError)) or any(m in text for m in _UNSUPPORTED_MARKERS):
+        return "unsupported", text[:500]
+    return "failed", text[:500]
+
+
+def _weights_label(req: RunRequest) -> tuple[str, str | None]:
+    if req.model_dir:
+        return "model-dir", str(Path(req.model_dir).resolve())
+    if req.weights:
+        return "file", f"{Path(req.weights).resolve()} (sha256 {file_sha256(req.weights)[:16]})"
+    return ("user-module" if req.module is not None else "random"), None
+
+
+def run(req: RunRequest, out_dir: Path | None = None, run_id: str | None = None,
+        reference: bool = False) -> list[res.Result]:
+    """Measure every requested backend x precision (interleaved) and return their records, appended to out_dir.
+
+    With `reference`, eager fp32 is measured alongside when not requested, so every record gets
+    its speedup over eager fp32 from the same run. Every record's outputs are checked against
+    eager fp32 on the same inputs.
+    """
+    import torch
+
+    run_id = run_id or res.new_run_id()
+    threads_in_effect = apply_threads(req.threads.threads)
+    module = req.module if req.module is not None else req.spec.build(req.weights, req.model_dir, req.shape)
+    module.eval()
+    inputs = req.example_inputs or req.spec.example_inputs(req.batch_size, req.shape, module)
+    weights, weights_path = _weights_label(req)
+    ctx = PrepareContext(
+        model_name=req.spec.name, task=req.spec.task, family=req.spec.family, shape=dict(req.shape),
+        batch_size=req.batch_size, weights_id=weights_digest(module),
+        calibration=(lambda n: [inputs] * n) if req.module is not None
+        else lambda n: req.spec.calibration_inputs(req.batch_size, req.shape, module, n))
+    env = capture({**torchvision_status()})
+    binding = {"threads_in_effect": threads_in_effect, "threads_requested": req.threads.threads,
+               "threads_source": req.threads.source, "interop_threads": torch.get_num_interop_threads(),
+               "affinity": sorted(os.sched_getaffinity(0))}
+    applied, binding_warnings = _binding_applied()
+    binding.update(applied)
+    configs = [(b, p) for p in req.precisions for b in req.backends]
+    if reference and ("eager", "fp32") not in configs:
+        configs.insert(0, ("eager", "fp32"))
+    if weights == "random":
+        logger.info("%s uses random weights (none can be loaded here by default): outputs are meaningless, "
+                    "timings are representative. Use --weights or --model-dir for real weights.", req.spec.name)
+    with torch.no_grad():
+        reference_output = req.spec.make_pass(_eager_fp32(module, inputs), req.shape)()
+    if req.module is None:
+        from .flops import cached_flops
+
+        try:        # counted once per model and shape at batch 1 (cached), then scaled by the batch
+            req.flops_per_pass = cached_flops(req.spec, dict(req.shape)) * req.batch_size
+        except Exception:  # noqa: BLE001  (a count the flop counter cannot make only costs the % of peak)
+            logger.debug("FLOPs of %s not counted", req.spec.name, exc_info=True)
+
+    candidates = []
+    for backend_name, precision in configs:
+        result = res.Result(
+            model=req.spec.name, task=req.spec.task, backend=backend_name, precision=precision,
+            batch_size=req.batch_size, threads=req.threads.threads,
+            input_shape=req.spec.input_shape(req.batch_size, req.shape), weights=weights, weights_path=weights_path,
+            confidence_target={"ci_rel_halfwidth": req.rule.ci_target, "confidence": req.rule.confidence},
+            binding=dict(binding), env=env, run_id=run_id, warnings=list(binding_warnings),
+            point_id=req.point_id, instances=req.instance.of if req.instance else 1,
+            instance=req.instance.describe() if req.instance else None)
+        cand = _Candidate(backend_name, precision, result)
+        candidates.append(cand)
+        _prepare(cand, req, module, inputs, ctx)
+
+    active = [c for c in candidates if c.measurement is not None]
+    if active:
+        logger.info("measuring %s", ", ".join(f"{c.backend}/{c.precision}" for c in active)
+                    + (" in interleaved rounds so drift affects all alike" if len(active) > 1 else ""))
+    interrupted = False
+    try:
+        with torch.no_grad():
+            if req.instance is not None:
+                _measure_instance(active, req)
+            else:
+                measure([c.measurement for c in active], on_error=_fail_measurement, probe=_probe(req),
+                        turns=req.turns)
+    except KeyboardInterrupt:
+        interrupted = True     # keep what was measured: write it, then stop
+        for cand in active:
+            if not cand.measurement.done:
+                cand.measurement.stop_reason = "interrupted"
+    for cand in active:
+        _fill(cand, req)
+        _check(cand, req, reference_output, weights)
+    _speedups(candidates)
+    if out_dir is not None:
+        for cand in candidates:
+            res.append(out_dir, cand.result)
+    if interrupted:
+        raise KeyboardInterrupt
+    return [c.result for c in candidates]
+
+
+def _measure_instance(active: list[_Candidate], req: RunRequest) -> None:
+    """Warm up, tell the driver we are ready, then measure the window every instance shares."""
+    sync = req.instance
+    if len(active) != 1:       # refused by its backend (recorded as such), or asked for more than one
+        sync.ready()
+        if len(active) > 1:
+            raise UsageError("a throughput instance measures exactly one backend at one precision")
+        return
+    cand = active[0]
+    m = cand.measurement
+    try:
+        m.warm_up()
+        sync.ready()
+        start_ns = sync.wait_go()
+        ends = m.run_window(start_ns, req.rule.timeout_s)
+    except Exception as exc:  # noqa: BLE001  (recorded as this instance's failure)
+        _fail_measurement(m, exc)
+        sync.ready()          # never leave the driver waiting for a failed instance
+        return
+    cand.result.instance.update({"cores": cand.result.binding.get("cores"), "window_start_ns": start_ns,
+                                 "pass_ends_ns": ends, "task_size": req.spec.task_size(req.batch_size, req.shape)})
+
+
+def _probe(req: RunRequest):
+    if not req.probe:
+        return None
+    from ..machine.probe import MachineProbe
+
+    return MachineProbe()
+
+
+def _binding_applied() -> tuple[dict, list[str]]:
+    """The core/memory binding the parent applied (sweeps), checked against the affinity we really have."""
+    from ..machine.binding import observed
+
+    applied = observed()
+    warnings = list(applied.get("warnings") or [])
+    cores = applied.get("cores")
+    if cores is not None and applied.get("method") != "none" and set(cores) != os.sched_getaffinity(0):
+        warnings.append(f"bound to cores {cores} but running on {sorted(os.sched_getaffinity(0))}")
+    return {"method": applied.get("method"), "cores": cores, "membind": applied.get("membind")}, warnings
+
+
+def _eager_fp32(module, inputs):
+    from ..backends import Prepared
+
+    return Prepared(module, inputs, "native")
+
+
+def _prepare(cand: _Candidate, req: RunRequest, module, inputs, ctx: PrepareContext) -> None:
+    """Prepare one configuration; a backend that cannot take it becomes a record, not a crash."""
+    import torch
+
+    result, backend = cand.result, BACKENDS[cand.backend]
+    reason = backend.unavailable_reason() or backend.unsupported_reason(req.spec, cand.precision)
+    if reason:
+        result.status, result.reason = "unsupported", reason
+        return
+    logger.info("preparing %s on %s at %s", req.spec.name, cand.backend, cand.precision)
+    start = time.perf_counter()
+    first_output = None
+    try:
+        with torch.no_grad():
+            prepared = backend.prepare(copy.deepcopy(module), inputs, cand.precision, req.threads.threads, ctx)
+            one_pass = req.spec.make_pass(prepared, req.shape)
+            if prepared.compiles_on_first_call:
+                first_output = one_pass()      # compilation happens here, so it counts as preparation
+    except UsageError:
+        raise          # bad settings (e.g. an invalid AIO_* value) stop the run with their one-line message
+    except Exception as exc:  # noqa: BLE001  (a backend that cannot take a model is a result, not a crash)
+        inner = getattr(exc, "inner_exception", None)     # torch.compile wraps a backend's errors
+        if isinstance(inner, UsageError):
+            raise inner from None
+        result.status, result.reason = _classify(inner or exc)
+        logger.debug("preparing %s failed", cand.backend, exc_info=True)
+        return
+    result.prepare_s = round(time.perf_counter() - start, 3)
+    logger.debug("%s prepared in %.1f s", cand.backend, result.prepare_s)
+    result.precision_mode = prepared.precision_mode
+    result.backend_info = prepared.info
+    result.strategy = prepared.info.get("strategy", cand.backend)
+    cand.measurement = Measurement(one_pass, req.rule, first_output=first_output)
+
+
+def _check(cand: _Candidate, req: RunRequest, reference_output, weights: str) -> None:
+    m, r = cand.measurement, cand.result
+    if r.status != "ok" or m.first_output is None:
+        return
+    check = compare(req.spec.task, reference_output, m.first_output, cand.precision,
+                    judge_agreement=weights != "random")
+    r.check = check.to_dict()
+    if not check.passed:
+        r.status, r.reason = "fail_accuracy", check.reason
+
+
+def _fail_measurement(measurement: Measurement, exc: BaseException) -> None:
+    measurement.error = _classify(exc)
+
+
+def _fill(cand: _Candidate, req: RunRequest) -> None:
+    m, r = cand.measurement, cand.result
+    if m.error:
+        r.status, r.reason = m.error
+        return
+    if not m.samples_ns:
+        r.status, r.reason = "failed", f"stopped ({m.stop_reason}) before any pass was measured"
+        return
+    summary = m.summary()
+    r.latency_ms = summary.to_dict()
+    r.samples_ms = [round(s / 1e6, 4) for s in m.samples_ns]
+    total_s = sum(m.samples_ns) / 1e9
+    units = req.spec.task_size(req.batch_size, req.shape) * len(m.samples_ns)
+    r.throughput = {"value": units / total_s, "unit": f"{req.spec.task_unit}/s"}
+    r.first_pass_ms = m.first_pass_ms
+    r.warmup = {"passes": m.warmup_passes, "seconds": round(m.warmup_s, 3)}
+    r.measured_s = round(m.measured_s, 3)
+    r.stop_reason = m.stop_reason
+    r.confidence_met = m.confidence_met
+    if m.rounds and m.rounds[0][1] is not None:
+        from ..machine.probe import MachineProbe
+
+        r.probe = {"workload": MachineProbe.name, "reference": MachineProbe.reference, "rounds": m.rounds}
+    if req.turns is not None:
+        r.turns = [[r[0], t] for r, t in zip(m.rounds, m.turn_starts, strict=True)]
+    r.peak_rss_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    r.metrics["units_per_pass"] = req.spec.task_size(req.batch_size, req.shape)
+    if req.flops_per_pass:
+        r.metrics["flops_per_pass"] = req.flops_per_pass
+    _observed_cores(m, r)
+    for name, values in m.extra_ns.items():
+        r.metrics[f"{name}_ms"] = res_summary(values)
+
+
+# CPU time / wall time above the thread count by more than this means the backend ignored it.
+_CORES_SLACK = 0.35
+
+
+def _observed_cores(m: Measurement, r: res.Result) -> None:
+    cores = m.observed_cores
+    if cores is None:
+        return
+    r.binding["observed_cores"] = round(cores, 2)
+    if cores > r.threads + _CORES_SLACK:
+        r.warnings.append(f"{r.backend} kept {cores:.2f} cores busy with {r.threads} thread(s) requested: "
+                          "it does not respect the thread setting")
+        logger.warning("%s/%s: %s", r.backend, r.precision, r.warnings[-1])
+
+
+def res_summary(values_ns) -> dict:
+    from .stats import summarize
+
+    s = summarize([v / 1e6 for v in values_ns])
+    return {"median": s.median, "p90": s.p90, "mean": s.mean, "n": s.n}
+
+
+def _speedups(candidates: list[_Candidate]) -> None:
+    ref = next((c.result for c in candidates if c.backend == "eager" and c.precision == "fp32"
+                and c.result.status == "ok"), None)
+    if ref is None:
+        return
+    for c in candidates:
+        if c.result.status == "ok":
+            c.result.speedup_vs_eager_fp32 = ref.median_ms / c.result.median_ms

@@ -1,0 +1,245 @@
+"""Honest timing: warm-up until stable, then measure until the median is known well enough.
+
+Only the pass itself is timed (inputs are made before), with `time.perf_counter_ns`, and
+every output is touched inside the timed region so nothing lazy escapes the clock.
+"""
+
+import functools
+import random
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..core.errors import UsageError
+from .stats import Summary, summarize
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """When to stop measuring: confident median, or a count, or a time budget."""
+
+    timeout_s: float = 60.0          # measured wall time budget per configuration
+    num_runs: int | None = None      # exact count of measured passes (still capped by timeout)
+    min_runs: int = 10
+    min_time_s: float = 2.0
+    ci_target: float = 0.01          # CI of the median within +-1% of the median ...
+    confidence: float = 0.95         # ... at 95% confidence
+    warmup_min: int = 2              # the first passes compile or fill caches
+    warmup_window: int = 3           # warm-up ends when this many passes agree ...
+    warmup_tolerance: float = 0.10   # ... within this fraction
+    warmup_share: float = 0.25       # of the timeout, at most, spent warming up
+
+    def __post_init__(self):
+        if not self.timeout_s > 0:
+            raise UsageError(f"--timeout {self.timeout_s} is invalid; accepted: seconds > 0")
+        if self.num_runs is not None and self.num_runs < 1:
+            raise UsageError(f"--num-runs {self.num_runs} is invalid; accepted: a whole number >= 1")
+        if not 0 < self.ci_target < 1:
+            raise UsageError(f"confidence target {self.ci_target} is invalid; accepted: 0 < target < 1")
+
+
+def consume(out) -> None:
+    """Touch every tensor/array in an output so lazy backends must produce it."""
+    if out is None:
+        return
+    if isinstance(out, dict):
+        for v in out.values():
+            consume(v)
+    elif isinstance(out, (list, tuple)):
+        for v in out:
+            consume(v)
+    elif hasattr(out, "to_tuple"):          # Hugging Face ModelOutput
+        consume(out.to_tuple())
+    elif hasattr(out, "numel") and out.numel() or isinstance(out, np.ndarray) and out.size:
+        out.reshape(-1)[0].item()
+
+
+@dataclass
+class Measurement:
+    """Warm-up and measured samples of one pass function (a zero-argument callable)."""
+
+    fn: object
+    rule: StopRule
+    first_pass_ms: float | None = None
+    warmup_passes: int = 0
+    warmup_s: float = 0.0
+    samples_ns: list = field(default_factory=list)
+    extra_ns: dict = field(default_factory=dict)   # per-pass metrics a pass reports, e.g. ttft
+    measured_s: float = 0.0
+    stop_reason: str | None = None
+    error: tuple | None = None                     # (status, reason) when a pass raised
+    first_output: object = None                    # what the first pass returned, for output checks
+    rounds: list = field(default_factory=list)     # [passes, probe ms, reference ms] per round (machine_probe.py)
+    turn_starts: list = field(default_factory=list)  # when each turn began (Unix s), taking turns
+    cpu_ns: int = 0                                # process CPU time during measured rounds ...
+    wall_ns: int = 0                               # ... and their wall time: cores actually used
+    _summary: Summary | None = None
+
+    def _pass(self, keep: bool = False) -> int:
+        t0 = time.perf_counter_ns()
+        out = self.fn()
+        consume(out)
+        elapsed = time.perf_counter_ns() - t0
+        if keep:
+            self.first_output = out
+        for name, value in (getattr(self.fn, "pass_metrics", None) or {}).items():
+            self.extra_ns.setdefault(name, []).append(value)
+        return elapsed
+
+    def warm_up(self) -> None:
+        """At least `warmup_min` passes, then until `warmup_window` passes agree, within a budget."""
+        budget = self.rule.timeout_s * self.rule.warmup_share
+        start = time.perf_counter()
+        times = []
+        while True:
+            times.append(self._pass(keep=not times and self.first_output is None))
+            if self.first_pass_ms is None:
+                self.first_pass_ms = times[0] / 1e6
+            last = times[-self.rule.warmup_window:]
+            stable = (len(last) == self.rule.warmup_window
+                      and max(last) <= min(last) * (1 + self.rule.warmup_tolerance))
+            if len(times) >= self.rule.warmup_min and (stable or time.perf_counter() - start >= budget):
+                break
+        self.warmup_passes = len(times)
+        self.warmup_s = time.perf_counter() - start
+        self.extra_ns.clear()
+
+    @property
+    def observed_cores(self) -> float | None:
+        """Process CPU time / wall time over the measured rounds: how many cores the backend kept busy."""
+        return self.cpu_ns / self.wall_ns if self.wall_ns else None
+
+    @property
+    def done(self) -> bool:
+        return self.stop_reason is not None
+
+    def summary(self) -> Summary:
+        if self._summary is None or self._summary.n != len(self.samples_ns):
+            self._summary = summarize(np.asarray(self.samples_ns) / 1e6, self.rule.confidence)
+        return self._summary
+
+    @property
+    def confidence_met(self) -> bool:
+        n = len(self.samples_ns)
+        return n >= 2 and self.summary().ci_rel_halfwidth <= self.rule.ci_target
+
+    def _check_stop(self) -> None:
+        rule, n = self.rule, len(self.samples_ns)
+        if rule.num_runs is not None and n >= rule.num_runs:
+            self.stop_reason = "num_runs"
+        elif self.measured_s >= rule.timeout_s and n >= 1:
+            self.stop_reason = "timeout"
+        elif (rule.num_runs is None and n >= rule.min_runs and self.measured_s >= rule.min_time_s
+              and self.confidence_met):
+            self.stop_reason = "confidence"
+
+    def run_window(self, start_ns: int, seconds: float) -> list[int]:
+        """Passes from a start time shared with other processes (`time.monotonic_ns`, one clock for the
+        machine) until `seconds` after it; returns when each pass ended, on that clock."""
+        while (wait := start_ns - time.monotonic_ns()) > 0:
+            time.sleep(min(wait / 1e9, 0.005))
+        end_ns = start_ns + int(seconds * 1e9)
+        ends = []
+        cpu0, wall0 = time.process_time_ns(), time.perf_counter_ns()
+        while not ends or ends[-1] < end_ns:
+            self.samples_ns.append(self._pass())
+            ends.append(time.monotonic_ns())
+        self.cpu_ns += time.process_time_ns() - cpu0
+        self.wall_ns += time.perf_counter_ns() - wall0
+        self.measured_s = (ends[-1] - start_ns) / 1e9
+        self.stop_reason = "window"
+        return ends
+
+    def run_for(self, seconds: float, stop_rule: bool = True) -> None:
+        """Measure passes for up to `seconds` (used alone, or in interleaved rounds); without `stop_rule`
+        only the seconds end it (the sweep that hands out turns decides when the measurement is over)."""
+        start = last = time.perf_counter()
+        cpu0, wall0 = time.process_time_ns(), time.perf_counter_ns()
+        while not self.done:
+            self.samples_ns.append(self._pass())
+            now = time.perf_counter()
+            round_over = now - start >= seconds
+            # Checking the CI costs a few ms: do it at most ~10 times a second.
+            if round_over or now - last >= 0.1 or self.rule.num_runs is not None:
+                self.measured_s += now - last
+                last = now
+                if stop_rule:
+                    self._check_stop()
+            if round_over:
+                break
+        self.cpu_ns += time.process_time_ns() - cpu0
+        self.wall_ns += time.perf_counter_ns() - wall0
+
+
+ROUND_S = 1.0             # one round of passes (interleaved backends, the probe's rhythm, a sweep's turn)
+ROUND_GAP_S = 0.05
+ORDER_SEED = 1234567      # fixed: the same sequence of round orders in every run
+
+
+def measure(measurements: list[Measurement], round_s: float = ROUND_S, on_error=None, probe=None,
+            turns=None) -> None:
+    """Measure several pass functions in interleaved rounds (A B C, C A B, ...) so drift hits all alike.
+
+    A single measurement simply runs to its end, unless a `probe` (machine_probe.MachineProbe) is given:
+    then every measurement runs in rounds, and after each of its rounds the probe's readings are recorded
+    beside the round's pass count (`Measurement.rounds`). A pass that raises ends that measurement only:
+    `on_error(measurement, exc)` is told, the others go on.
+
+    With `turns` (turns.Turns: this process is one of several points of a sweep taking turns on the
+    machine), the one measurement runs a round whenever the sweep says so, until it says stop; each round
+    is recorded in `rounds` (with the probe's reading, or None without a probe).
+    """
+    def guarded(m: Measurement, step) -> None:
+        try:
+            step()
+        except Exception as exc:
+            m.stop_reason = "error"
+            if on_error is None:
+                raise
+            on_error(m, exc)
+
+    for m in measurements:
+        if m.first_pass_ms is None:
+            guarded(m, m.warm_up)
+    if turns is not None:
+        _measure_in_turns(measurements, round_s, turns, guarded, probe)
+        return
+    rounds = len(measurements) > 1 or probe is not None
+    seconds = round_s if rounds else float("inf")
+    shuffle = random.Random(ORDER_SEED).shuffle
+    order = list(measurements)
+    while not all(m.done for m in measurements):
+        # A new order every round (a seeded shuffle), so no backend always follows the same neighbour
+        # and none always goes first; and a short idle gap after each round: ONNX Runtime's and
+        # OpenVINO's worker threads keep spinning for a while after their last pass and would slow the
+        # next backend (measured here: OpenVINO mobilenet_v2 5.0 -> 5.2 ms right after ONNX Runtime).
+        for m in order:
+            if not m.done:
+                before = len(m.samples_ns)
+                guarded(m, functools.partial(m.run_for, seconds))
+                if rounds:
+                    time.sleep(ROUND_GAP_S)
+                if probe is not None and len(m.samples_ns) > before:
+                    m.rounds.append([len(m.samples_ns) - before, *probe.slice()])
+                    time.sleep(ROUND_GAP_S)
+        shuffle(order)
+
+
+def _measure_in_turns(measurements: list[Measurement], round_s: float, turns, guarded, probe) -> None:
+    if len(measurements) != 1:
+        raise UsageError("a process taking turns measures exactly one backend at one precision")
+    m = measurements[0]
+    turns.ready()
+    while turns.wait():
+        if not m.done:      # a failed pass ends the measurement; the turns are still answered
+            before, started = len(m.samples_ns), round(time.time(), 3)
+            guarded(m, functools.partial(m.run_for, round_s, stop_rule=False))
+            time.sleep(ROUND_GAP_S)
+            if len(m.samples_ns) > before:
+                m.rounds.append([len(m.samples_ns) - before, *(probe.slice() if probe is not None else [None])])
+                m.turn_starts.append(started)
+                time.sleep(ROUND_GAP_S)
+        turns.done()
+    if not m.done:
+        m.stop_reason = "turns"
