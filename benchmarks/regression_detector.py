@@ -44,7 +44,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from aio_examples.analysis import compare as cmp
+from aio_examples.analysis.history import load_run
+from aio_examples.analysis.noise import noise_group, take_out_machine
+from aio_examples.analysis.runs import Run
+from aio_examples.core.records import Result
 from aio_examples.measurement.stats import split_rounds, summarize
+from aio_examples.reporting.regression import summary_line, to_markdown
 
 SLOWDOWNS = (0.0, 0.03, 0.05, 0.10, 0.20)
 BLOCK = 10
@@ -58,7 +63,7 @@ def sweep(out: Path, config: Path):
                     "--quiet"], cwd=ROOT, check=True)
 
 
-def noise_model(a: cmp.Run, b: cmp.Run):
+def noise_model(a: Run, b: Run):
     """configurations: (key, normalised pass sequences with their processes' confidence_met and machine
     reading rounds (None without), typical median, processes a run);
     deviations: noise group (backend, threads) -> every process's log median minus that of its
@@ -68,12 +73,12 @@ def noise_model(a: cmp.Run, b: cmp.Run):
     for key in sorted(ca.keys() & cb.keys(), key=str):
         ea, eb = ca[key], cb[key]
         groups = ea["groups"] + eb["groups"]
-        if ea["record"]["status"] != "ok" or eb["record"]["status"] != "ok" or min(g.size for g in groups) < 20:
+        if ea["record"].status != "ok" or eb["record"].status != "ok" or min(g.size for g in groups) < 20:
             continue
         logs = np.log([np.median(g) for g in groups])
         # From the median of the configuration's processes (both runs): a disturbed process stays an outlier
         # on its side instead of pulling the centre, and every other process, towards it.
-        deviations.setdefault(cmp.noise_group(key), []).extend(logs - np.median(logs))
+        deviations.setdefault(noise_group(key), []).extend(logs - np.median(logs))
         shifts.append(np.log(eb["median_ms"] / ea["median_ms"]))
         typical = float(np.exp(np.median(logs)))
         # A probed process keeps its own level (the machine state its readings saw); without them a
@@ -85,16 +90,16 @@ def noise_model(a: cmp.Run, b: cmp.Run):
     return configs, {k: np.array(v) for k, v in deviations.items()}, np.array(shifts)
 
 
-def adjusted_spread(a: cmp.Run, b: cmp.Run) -> dict:
+def adjusted_spread(a: Run, b: Run) -> dict:
     """threads -> how far a process's median settles from its configuration's (robust sd, both runs), once
     compare has taken the machine readings' share out of the two real runs (empty without readings)."""
     ca, cb = a.configurations(), b.configurations()
     keys = [k for k in sorted(ca.keys() & cb.keys(), key=str) if ca[k]["groups"] and cb[k]["groups"]]
-    adjusted = cmp.take_out_machine(ca, cb, keys)
+    adjusted = take_out_machine(ca, cb, keys)
     deviations = {}
     for key in adjusted:
         logs = np.log([np.median(g) for g in ca[key]["groups"] + cb[key]["groups"]])
-        deviations.setdefault(ca[key]["record"]["threads"], []).extend(logs - np.median(logs))
+        deviations.setdefault(ca[key]["record"].threads, []).extend(logs - np.median(logs))
     return {t: 1.4826 * float(np.median(np.abs(d))) for t, d in sorted(deviations.items())}
 
 
@@ -115,17 +120,17 @@ def round_resample(rng, seq: np.ndarray, rounds: list, block: int = 1) -> tuple[
     return np.concatenate([chunks[i] for i in picks]), [list(rounds[i]) for i in picks]
 
 
-def synthetic_record(key, samples, confident: bool, rounds=None, turns=False) -> dict:
-    model, backend, precision, batch, threads, instances, _alloc, _shape, _machine = key
+def synthetic_record(key, samples, confident: bool, rounds=None, turns=False) -> Result:
+    model, task, backend, precision, batch, threads, instances = key[:7]
     s = summarize(samples)
-    return {"model": model, "backend": backend, "precision": precision, "batch_size": batch, "threads": threads,
+    return Result.from_dict({"model": model, "task": task, "backend": backend, "precision": precision, "batch_size": batch, "threads": threads,
             "instances": instances, "status": "ok", "samples_ms": samples.tolist(), "latency_ms": s.to_dict(),
             "throughput": {"value": 1000.0 * batch / s.mean, "unit": "units/s"},
             "confidence_met": confident, "probe": {"rounds": rounds} if rounds else None,
-            "turns": [[r[0], None] for r in rounds] if turns else None}
+            "turns": [[r[0], None] for r in rounds] if turns else None})
 
 
-def synthetic_run(rng, configs, deviations, factor=1.0) -> cmp.Run:
+def synthetic_run(rng, configs, deviations, factor=1.0) -> Run:
     """One run of every configuration. Without the machine readings, each process is a real pass sequence
     (block-resampled) moved by a process-level deviation of its noise group (backend and threads). With it,
     each process is one of the configuration's real processes (either run) rebuilt from its own rounds
@@ -139,9 +144,9 @@ def synthetic_run(rng, configs, deviations, factor=1.0) -> cmp.Run:
                 passes, rounds = round_resample(rng, seq, rounds, TURN_BLOCK if turns else 1)
                 records.append(synthetic_record(key, median * factor * passes, met, rounds, turns))
             else:
-                shift = np.exp(rng.choice(deviations[cmp.noise_group(key)]))
+                shift = np.exp(rng.choice(deviations[noise_group(key)]))
                 records.append(synthetic_record(key, median * factor * shift * block_resample(rng, seq), met))
-    return cmp.Run("synthetic", records)
+    return Run("synthetic", records)
 
 
 def synthetic(configs, deviations, pairs, threshold, seed=20261121):
@@ -162,28 +167,28 @@ def synthetic(configs, deviations, pairs, threshold, seed=20261121):
     return outcome, by_threads
 
 
-def took_turns(record: dict) -> bool:
-    return bool(record.get("turns"))
+def took_turns(record: Result) -> bool:
+    return bool(record.turns)
 
 
-def slowed(run: cmp.Run, factor: float) -> cmp.Run:
+def slowed(run: Run, factor: float) -> Run:
     """The same run with every pass `factor` times slower (the machine readings unchanged)."""
     records = []
     for r in run.records:
-        r = dict(r)
-        if r.get("samples_ms"):
-            r["samples_ms"] = [x * factor for x in r["samples_ms"]]
-        if r.get("latency_ms"):
-            r["latency_ms"] = {k: v * factor if isinstance(v, (int, float)) and k != "n" else v
-                               for k, v in r["latency_ms"].items()}
-        if (r.get("throughput") or {}).get("value"):
-            r["throughput"] = {**r["throughput"], "value": r["throughput"]["value"] / factor}
+        r = Result.from_dict(r.to_dict())
+        if r.samples_ms:
+            r.samples_ms = [x * factor for x in r.samples_ms]
+        if r.latency_ms:
+            r.latency_ms = {k: v * factor if isinstance(v, (int, float)) and k != "n" else v
+                            for k, v in r.latency_ms.items()}
+        if (r.throughput or {}).get("value"):
+            r.throughput = {**r.throughput, "value": r.throughput["value"] / factor}
         records.append(r)
-    return cmp.Run(f"{run.label} x{factor:g}", records)
+    return Run(f"{run.label} x{factor:g}", records)
 
 
-def split_threads(run: cmp.Run, threads: int) -> cmp.Run:
-    return cmp.Run(f"{run.label} (threads {threads})", [r for r in run.records if r["threads"] == threads])
+def split_threads(run: Run, threads: int) -> Run:
+    return Run(f"{run.label} (threads {threads})", [r for r in run.records if r.threads == threads])
 
 
 def main() -> int:
@@ -206,7 +211,7 @@ def main() -> int:
         first, second = out / "run1", out / "run2"
         for run in (first, second):
             sweep(run, Path(args.config))
-    a, b = cmp.load_run(first), cmp.load_run(second)
+    a, b = load_run(first), load_run(second)
 
     configs, deviations, shifts = noise_model(a, b)
     spread = {name: 1.4826 * float(np.median(np.abs(d))) for name, d in sorted(deviations.items())}
@@ -233,7 +238,7 @@ def main() -> int:
         for slowdown, counts in by_threads.items()))
 
     repeat = cmp.compare(a, b, threshold)
-    print(f"\nreal repeat runs ({first} -> {second}): {cmp.summary_line(repeat)}")
+    print(f"\nreal repeat runs ({first} -> {second}): {summary_line(repeat)}")
     for note in repeat.notes:
         print(f"  note: {note}")
     for row in repeat.rows:
@@ -249,7 +254,7 @@ def main() -> int:
         print(f"  {100 * slowdown:g}%: {real_slowed[slowdown].get('regression', 0)} of {len(rows)} flagged "
               f"({', '.join(f'{n} {v}' for v, n in sorted(real_slowed[slowdown].items()))})")
     fewer = cmp.compare(split_threads(a, 2), split_threads(a, 1), threshold, ignore=("threads",))
-    print(f"\nreal 2 threads -> 1 thread ({first}): {cmp.summary_line(fewer)}")
+    print(f"\nreal 2 threads -> 1 thread ({first}): {summary_line(fewer)}")
     for row in fewer.rows:
         ch = row["latency_change"]
         print(f"  {row['model']} {row['backend']}: {row['verdict']} ({_pct(ch['rel']) if ch else row['why']})")
@@ -272,8 +277,8 @@ def main() -> int:
                                          for k, v in by_threads.items()},
         "repeat": repeat.counts, "real_slowed": {str(k): v for k, v in real_slowed.items()},
         "threads": fewer.counts, "checks": checks}, indent=1))
-    (out / "repeat.md").write_text(cmp.to_markdown(repeat))
-    (out / "threads.md").write_text(cmp.to_markdown(fewer))
+    (out / "repeat.md").write_text(to_markdown(repeat))
+    (out / "threads.md").write_text(to_markdown(fewer))
     return 0 if all(checks.values()) else 1
 
 

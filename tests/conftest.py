@@ -1,4 +1,5 @@
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,12 +24,17 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
         monkeypatch.delenv(var, raising=False)
 
 
-def run_cli(args, cwd=ROOT, env=None, timeout=600):
-    """Run a real command (a run.py or `python -m aio_examples`) and capture it."""
+def run_cli(args, cwd=ROOT, env=None, timeout=600, cpus=None):
+    """Run a real command (a run.py or `python -m aio_examples`) and capture it; `cpus` pins it to those CPUs."""
     full_env = {k: v for k, v in os.environ.items() if k not in ("AIO_NUM_THREADS", "OMP_NUM_THREADS")}
     full_env.update(env or {})
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=full_env, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    command, pin = [sys.executable, *args], None
+    if cpus is not None and shutil.which("taskset"):
+        command = ["taskset", "-c", ",".join(map(str, sorted(cpus))), *command]
+    elif cpus is not None:
+        pin = lambda: os.sched_setaffinity(0, cpus)   # no taskset here
+    return subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True,
+                          timeout=timeout, check=False, preexec_fn=pin)
 
 
 SMALL_SWEEP = ["squeezenet", "--input-size", "32", "--timeout", "0.5", "--point-timeout", "120", "--quiet",

@@ -52,9 +52,20 @@ def test_a_decision_tuned_while_another_process_holds_a_core_is_used_but_not_cac
     assert not Path(tuning["file"]).exists()
 
 
-def test_busy_elsewhere_is_machine_cpu_minus_our_own_per_wall_second():
-    assert aio._busy_elsewhere((100.0, 10.0, 0.0), (104.0, 12.0, 2.0)) == 1.0
-    assert aio._busy_elsewhere((100.0, 10.0, 0.0), (101.0, 11.0, 2.0)) == 0.0
+def test_prepared_outside_the_runner_it_takes_the_first_strategy_untuned_and_caches_nothing():
+    """No timing function handed in (a user calling prepare): no timing of its own, and it says so."""
+    from aio_examples.backends import BACKENDS, PrepareContext
+    from aio_examples.core.paths import cache_dir
+
+    torch.manual_seed(2)
+    ctx = PrepareContext(model_name="untuned", task="custom", family="nlp", shape={}, batch_size=2, weights_id="-")
+    inputs = (torch.randn(2, 32),)
+    prepared = BACKENDS["aio"].prepare(Mlp().eval(), inputs, "fp32", 1, ctx)
+    assert prepared.info["strategy"] == "compiled"
+    assert prepared.info["tuning"]["not_tuned"] == "no timing function handed in"
+    assert not list(cache_dir("tuning").glob("untuned-*/decision.json"))
+    with torch.no_grad():
+        assert prepared.fn(*prepared.inputs).shape == (2, 32)
 
 
 def test_process_mode_0_falls_back_to_eager_and_says_so(tmp_path):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from aio_examples import benchmark
-from aio_examples.measurement.output_check import COSINE_MIN, compare, flatten
+from aio_examples.measurement.output_check import COSINE_MIN, check_outputs, flatten
 
 
 def logits(seed, n=1, classes=1000):
@@ -14,7 +14,7 @@ def logits(seed, n=1, classes=1000):
 
 def test_identical_outputs_pass_with_zero_error():
     ref = logits(0)
-    c = compare("image-classification", ref, ref.clone(), "fp32", judge_agreement=True)
+    c = check_outputs("image-classification", ref, ref.clone(), "fp32", judge_agreement=True)
     assert c.passed and c.metrics["max_abs_err"] == 0 and c.metrics["cosine"] == pytest.approx(1.0)
     assert c.metrics["agreement"] == {"top1": 1.0, "top5": 1.0}
 
@@ -22,34 +22,34 @@ def test_identical_outputs_pass_with_zero_error():
 def test_bf16_rounding_passes_at_bf16_but_not_at_fp32():
     ref = logits(0)
     rounded = ref.to(torch.bfloat16)
-    assert compare("image-classification", ref, rounded, "bf16", judge_agreement=False).passed
+    assert check_outputs("image-classification", ref, rounded, "bf16", judge_agreement=False).passed
     noisy = ref + 0.05 * logits(1)
-    fp32 = compare("image-classification", ref, noisy, "fp32", judge_agreement=False)
+    fp32 = check_outputs("image-classification", ref, noisy, "fp32", judge_agreement=False)
     assert not fp32.passed and "cosine" in fp32.reason and str(COSINE_MIN["fp32"]) in fp32.reason
 
 
 def test_unrelated_outputs_fail_at_every_precision():
     for precision in COSINE_MIN:
-        c = compare("text-classification", logits(0, 4, 2), logits(1, 4, 2), precision, judge_agreement=False)
+        c = check_outputs("text-classification", logits(0, 4, 2), logits(1, 4, 2), precision, judge_agreement=False)
         assert not c.passed, precision
 
 
 def test_top1_flip_fails_only_when_agreement_is_judged():
     ref = torch.tensor([[1.0, 0.999, -5.0, -5.0, -5.0, -5.0]])
     out = torch.tensor([[0.999, 1.0, -5.0, -5.0, -5.0, -5.0]])
-    judged = compare("image-classification", ref, out, "bf16", judge_agreement=True)
+    judged = check_outputs("image-classification", ref, out, "bf16", judge_agreement=True)
     assert not judged.passed and "top1" in judged.reason
-    assert compare("image-classification", ref, out, "bf16", judge_agreement=False).passed
+    assert check_outputs("image-classification", ref, out, "bf16", judge_agreement=False).passed
 
 
 def test_qa_span_and_generation_prefix_agreement():
     start, end = logits(0, 2, 16), logits(1, 2, 16)
     moved = end.clone()
     moved[0] = moved[0].roll(3)
-    c = compare("question-answering", (start, end), (start, moved), "fp32", judge_agreement=False)
+    c = check_outputs("question-answering", (start, end), (start, moved), "fp32", judge_agreement=False)
     assert c.metrics["agreement"]["span"] == 0.5
     tokens = torch.tensor([[1, 2, 3, 4]])
-    c = compare("text-generation", (tokens, logits(0)), (torch.tensor([[1, 2, 9, 4]]), logits(0)), "bf16",
+    c = check_outputs("text-generation", (tokens, logits(0)), (torch.tensor([[1, 2, 9, 4]]), logits(0)), "bf16",
                 judge_agreement=True)
     assert c.metrics["agreement"]["token_prefix"] == 0.5 and not c.passed
 
@@ -58,19 +58,19 @@ def test_detection_matches_boxes_by_label_and_iou_in_any_key_order():
     boxes = torch.tensor([[0.0, 0, 10, 10], [20, 20, 40, 40]])
     ref = [{"boxes": boxes, "labels": torch.tensor([1, 2]), "scores": torch.tensor([0.9, 0.8])}]
     shifted = [{"boxes": boxes + 1, "scores": torch.tensor([0.8, 0.9]), "labels": torch.tensor([1, 3])}]
-    c = compare("object-detection", ref, shifted, "fp32", judge_agreement=True)
+    c = check_outputs("object-detection", ref, shifted, "fp32", judge_agreement=True)
     assert c.metrics["agreement"]["boxes_matched"] == 0.5 and not c.passed
-    assert compare("object-detection", ref, ref, "fp32", judge_agreement=True).passed
-    unjudged = compare("object-detection", ref, shifted, "fp32", judge_agreement=False)
+    assert check_outputs("object-detection", ref, ref, "fp32", judge_agreement=True).passed
+    unjudged = check_outputs("object-detection", ref, shifted, "fp32", judge_agreement=False)
     assert unjudged.passed and unjudged.metrics["judged"] == [] and unjudged.metrics["agreement"]["boxes_matched"] == 0.5
 
 
 def test_structure_mismatch_and_non_finite_outputs_fail():
     ref = logits(0)
-    assert "structure" in compare("image-classification", ref, (ref, ref), "fp32", False).reason
+    assert "structure" in check_outputs("image-classification", ref, (ref, ref), "fp32", False).reason
     broken = ref.clone()
     broken[0, 0] = float("nan")
-    assert not compare("image-classification", ref, broken, "int8", False).passed
+    assert not check_outputs("image-classification", ref, broken, "int8", False).passed
 
 
 def test_flatten_reads_numpy_and_nested_outputs_alike():

@@ -14,11 +14,14 @@ from conftest import ROOT, run_cli
 
 from aio_examples.analysis import compare as cmp
 from aio_examples.analysis import history as hist
+from aio_examples.analysis.runs import Run
 from aio_examples.core import records as res
 from aio_examples.core.errors import UsageError
-from aio_examples.machine.environment import capture, machine_fingerprint
+from aio_examples.core.records import machine_fingerprint
+from aio_examples.machine.environment import capture
 from aio_examples.measurement import stats
 from aio_examples.measurement.stats import summarize
+from aio_examples.reporting import regression
 from aio_examples.reporting.nightly import nightly
 
 ENV = capture({})
@@ -59,7 +62,7 @@ def write(folder, *records):
 
 
 def verdict_of(base, new, **kw):
-    c = cmp.compare(cmp.Run("a", [base.to_dict()]), cmp.Run("b", [new.to_dict()]), **kw)
+    c = cmp.compare(Run("a", [base.to_dict()]), Run("b", [new.to_dict()]), **kw)
     assert len(c.rows) == 1
     return c.rows[0]
 
@@ -118,7 +121,7 @@ def run_of(rng, factors: dict, processes=3, run_sd=RUN_SD) -> cmp.Run:
         for f in per_process:
             x = noisy(rng, factor=f) * np.exp(rng.normal(0, run_sd))
             records.append(record(x, threads=threads, confident=True).to_dict())
-    return cmp.Run("run", records)
+    return Run("run", records)
 
 
 def test_repeats_in_their_own_processes_show_how_much_a_process_moves():
@@ -136,13 +139,13 @@ def test_repeats_in_their_own_processes_show_how_much_a_process_moves():
     # Pooled over the six configurations the spread has 24 degrees of freedom (less one: the process 12% off
     # is set aside); one configuration alone has its own 3 or 4, and Student's t widens an interval more
     # the fewer they are.
-    alone = cmp.compare(cmp.Run("a", [r for r in base.records if r["threads"] == 1]),
-                        cmp.Run("b", [r for r in new.records if r["threads"] == 1])).rows[0]
+    alone = cmp.compare(Run("a", [r for r in base.records if r.threads == 1]),
+                        Run("b", [r for r in new.records if r.threads == 1])).rows[0]
     assert odd["noise"]["dof"] == 23 and alone["noise"]["dof"] in (3, 4)
     change = stats.Change(0.0, -0.01, 0.01, 0.95)
     few, many = (stats.widen(change, 0.02, row["noise"]["dof"]) for row in (alone, odd))
     assert few.high - few.low > many.high - many.low > change.high - change.low
-    failed_once = cmp.compare(base, cmp.Run("y", [*new.records, record(status="failed", threads=3).to_dict()]))
+    failed_once = cmp.compare(base, Run("y", [*new.records, record(status="failed", threads=3).to_dict()]))
     assert {r["threads"]: r for r in failed_once.rows}[3]["verdict"] == "regression"
 
 
@@ -171,7 +174,7 @@ def test_configurations_moving_together_are_stated_first_and_still_judged():
     note = next(n for n in moved.notes if "moved together" in n)
     assert "8 of 8 slower" in note and "rerun the baseline's build" in note
     assert moved.counts["regression"] >= 6
-    assert "moved together" in cmp.to_markdown(moved).split("###")[0]
+    assert "moved together" in regression.to_markdown(moved).split("###")[0]
 
 
 def test_spread_of_the_other_configurations_is_the_noise_of_a_single_process():
@@ -187,7 +190,7 @@ def test_spread_of_the_other_configurations_is_the_noise_of_a_single_process():
         odd_flagged += rows[1]["verdict"] == "regression"
     assert odd_flagged <= 2
     # Without the other configurations the same 6% looks certain: the report says what its interval lacks.
-    alone = cmp.compare(cmp.Run("a", base.records[:1]), cmp.Run("b", new.records[:1])).rows[0]
+    alone = cmp.compare(Run("a", base.records[:1]), Run("b", new.records[:1])).rows[0]
     assert alone["verdict"] == "regression" and "passes only" in alone["why"]
 
 
@@ -223,7 +226,7 @@ def test_run_to_run_noise_from_history_widens_the_interval():
     rng = np.random.default_rng(11)
     base, new = record(noisy(rng)), record(noisy(rng, factor=1.08))
     assert verdict_of(base, new)["verdict"] == "regression"
-    key = cmp.config_key(base.to_dict(), machine_fingerprint(ENV))
+    key = base.key()
     noisy_history = verdict_of(base, new, run_noise={key: (0.06, 8)})
     assert noisy_history["verdict"] == "suspicious" and noisy_history["noise"]["kind"] == "history"
     assert noisy_history["noise"]["se"] == pytest.approx(0.06 * np.sqrt(2)) and noisy_history["noise"]["dof"] == 8
@@ -239,7 +242,7 @@ def test_multi_instance_aggregates_are_judged_on_throughput():
         agg.throughput = {"value": 100.0 / factor, "unit": "images/s"}
         return [r.to_dict() for r in [*instances, agg]]
 
-    c = cmp.compare(cmp.Run("a", group("g1", 1.0)), cmp.Run("b", group("g2", 1.15)))
+    c = cmp.compare(Run("a", group("g1", 1.0)), Run("b", group("g2", 1.15)))
     assert [r["verdict"] for r in c.rows] == ["regression"]
     assert c.rows[0]["throughput_change"]["rel"] == pytest.approx(1 / 1.15 - 1)
     assert "throughput" in c.rows[0]["why"]
@@ -250,13 +253,13 @@ def test_matching_missing_new_and_differences_stated():
     a = [record(noisy(rng)).to_dict(), record(noisy(rng), backend="eager").to_dict()]
     b_env = {**ENV, "versions": {**ENV["versions"], "torch": "9.9.9"}}
     b = [record(noisy(rng), env=b_env).to_dict(), record(noisy(rng), backend="onnxruntime", env=b_env).to_dict()]
-    c = cmp.compare(cmp.Run("a", a), cmp.Run("b", b))
+    c = cmp.compare(Run("a", a), Run("b", b))
     assert [(r["backend"], r["verdict"]) for r in c.rows] == [("aio", "unchanged")]
     assert [m["backend"] for m in c.missing] == ["eager"] and [m["backend"] for m in c.added] == ["onnxruntime"]
     assert any("torch" in n and "9.9.9" in n for n in c.notes)
-    other = cmp.compare(cmp.Run("a", a), cmp.Run("c", [record(noisy(rng), env=OTHER_MACHINE).to_dict()]))
+    other = cmp.compare(Run("a", a), Run("c", [record(noisy(rng), env=OTHER_MACHINE).to_dict()]))
     assert not other.rows and any("Different machines" in n for n in other.notes)
-    across = cmp.compare(cmp.Run("a", a), cmp.Run("c", [record(noisy(rng), env=OTHER_MACHINE).to_dict()]),
+    across = cmp.compare(Run("a", a), Run("c", [record(noisy(rng), env=OTHER_MACHINE).to_dict()]),
                          ignore=("machine",))
     assert len(across.rows) == 1
 
@@ -267,7 +270,7 @@ def test_bad_options_are_refused():
         with pytest.raises(UsageError, match="--threshold"):
             cmp.parse_threshold(bad)
     with pytest.raises(UsageError, match="--ignore 'model'"):
-        cmp.compare(cmp.Run("a", []), cmp.Run("b", []), ignore=("model",))
+        cmp.compare(Run("a", []), Run("b", []), ignore=("model",))
 
 
 # ---------------------------------------------------------------- the command line
@@ -345,8 +348,8 @@ def test_history_noise_follows_the_median_process_of_each_run(tmp_path):
     with hist.History.open(tmp_path / "h.sqlite") as h:
         for level in levels:
             medians = [level, level * 1.001, level * 0.999, level * rng.uniform(1.3, 1.6), level * rng.uniform(0.88, 0.92)]
-            h.add(cmp.Run("night", [record(noisy(rng, median_ms=m, n=60)).to_dict() for m in medians]))
-        run = cmp.Run("new", [record(noisy(rng)).to_dict()])
+            h.add(Run("night", [record(noisy(rng, median_ms=m, n=60)).to_dict() for m in medians]))
+        run = Run("new", [record(noisy(rng)).to_dict()])
         (key,) = run.configurations().keys()
         sd, dof = h.run_noise(machine_fingerprint(ENV), [key])[key]
     with sqlite3.connect(tmp_path / "h.sqlite") as conn:
@@ -360,17 +363,18 @@ def test_history_is_transactional_and_never_overwrites(tmp_path, monkeypatch):
     rng = np.random.default_rng(13)
     db = tmp_path / "h.sqlite"
     with hist.History.open(db) as h:
-        h.add(cmp.Run("one", [record(noisy(rng)).to_dict()]))
-        broken = [record(noisy(rng)).to_dict(), {**record(noisy(rng)).to_dict(), "status": None}]
+        h.add(Run("one", [record(noisy(rng)).to_dict()]))
+        # The second record reads as a record but cannot be stored (no model): the first is rolled back too.
+        broken = [record(noisy(rng)).to_dict(), {**record(noisy(rng)).to_dict(), "model": None}]
         with pytest.raises(UsageError, match="nothing in it was changed"):
-            h.add(cmp.Run("two", broken))
+            h.add(Run("two", broken))
         assert [r["records"] for r in h.runs()] == [1]
     # Locked by another writer: a clear error after the wait, and the store is intact.
     monkeypatch.setattr(hist, "LOCK_TIMEOUT_S", 0.2)
     other = sqlite3.connect(db)
     other.execute("BEGIN EXCLUSIVE")
     with pytest.raises(UsageError, match="locked by another process"), hist.History.open(db) as h:
-        h.add(cmp.Run("three", [record(noisy(rng)).to_dict()]))
+        h.add(Run("three", [record(noisy(rng)).to_dict()]))
     other.rollback()
     other.close()
     with hist.History.open(db) as h:
@@ -520,7 +524,7 @@ def probed_run(rng, label, machine=1.0, hand_over=1.0, code=1.0, threads=2, proc
                    "rounds": [[30, float(h), 3 * float(c) * rng.lognormal(0, 0.01)]
                               for c, h in zip(cores, barriers, strict=True)]}
         records.append(r.to_dict())
-    return cmp.Run(label, records)
+    return Run(label, records)
 
 
 def test_the_machine_readings_take_the_machines_move_out_but_not_the_codes():
@@ -547,7 +551,7 @@ def test_the_machine_readings_take_the_machines_move_out_but_not_the_codes():
     row = slow_barriers.rows[0]
     assert row["machine_readings"]["raw_change"] > 0.25 and abs(row["latency_change"]["rel"]) < 0.05, row
     assert row["machine_readings"]["readings"]["probe"]["change"] > 0.2 and row["verdict"] == "unchanged"
-    assert "Machine readings" in cmp.to_markdown(slow_barriers) and "machine probe" in cmp.machine_line(slow_barriers)
+    assert "Machine readings" in regression.to_markdown(slow_barriers) and "machine probe" in regression.machine_line(slow_barriers)
     # The history's spread is of raw medians: an adjusted configuration takes its noise from the runs.
     key = next(iter(base.configurations()))
     with_history = cmp.compare(base, probed_run(rng, "b", machine=1.3), run_noise={key: (0.3, 10)}).rows[0]
@@ -556,11 +560,12 @@ def test_the_machine_readings_take_the_machines_move_out_but_not_the_codes():
     fewer = cmp.compare(base, probed_run(rng, "b", machine=1.3, threads=1), ignore=("threads",)).rows[0]
     assert "machine_readings" not in fewer and fewer["verdict"] == "regression"
     # Records from before the reference (two columns a round): the probe alone, as then.
-    old = [cmp.Run(run.label, [{**r, "probe": {"rounds": [x[:2] for x in r["probe"]["rounds"]]}} for r in run.records])
+    old = [Run(run.label, [{**r.to_dict(), "probe": {"rounds": [x[:2] for x in r.probe["rounds"]]}}
+                           for r in run.records])
            for run in (base, probed_run(rng, "b", hand_over=1.3))]
     assert list(cmp.compare(*old).rows[0]["machine_readings"]["readings"]) == ["probe"]
     # A side without readings: nothing is adjusted, the raw change is judged.
-    plain = cmp.Run("b", [{**r, "probe": None} for r in probed_run(rng, "b", machine=1.3).records])
+    plain = Run("b", [{**r.to_dict(), "probe": None} for r in probed_run(rng, "b", machine=1.3).records])
     unadjusted = cmp.compare(base, plain).rows[0]
     assert "machine_readings" not in unadjusted and unadjusted["verdict"] == "regression"
 
@@ -576,10 +581,10 @@ def test_a_configuration_with_too_little_of_its_own_takes_the_slope_of_all_at_it
         for model in range(10):
             for _ in range(2):
                 r = next(iter(probed_run(rng, label, machine=machine, threads=1, processes=1).records))
-                keep = sum(n for n, _, _ in r["probe"]["rounds"][:3])
-                records.append({**r, "model": f"m{model}", "samples_ms": r["samples_ms"][:keep],
-                                "probe": {**r["probe"], "rounds": r["probe"]["rounds"][:3]}})
-        return cmp.Run(label, records)
+                keep = sum(n for n, _, _ in r.probe["rounds"][:3])
+                records.append({**r.to_dict(), "model": f"m{model}", "samples_ms": r.samples_ms[:keep],
+                                "probe": {**r.probe, "rounds": r.probe["rounds"][:3]}})
+        return Run(label, records)
 
     rows = cmp.compare(run("a", 1.0), run("b", 1.2)).rows
     readings = [r["machine_readings"]["readings"]["reference"] for r in rows]
@@ -602,7 +607,7 @@ def turned_run(rng, label, configs: int = 12, code=None, turn_sd=0.08, moved=Non
             r = record(x, threads=threads, confident=False)        # the pass-level target is no use here
             r.turns = [[30, 1.8e9 + i] for i in range(20)]
             records.append(r.to_dict())
-    return cmp.Run(label, records)
+    return Run(label, records)
 
 
 def test_processes_that_took_turns_take_their_noise_from_their_turns():
@@ -620,7 +625,7 @@ def test_processes_that_took_turns_take_their_noise_from_their_turns():
     assert all(r["noise"]["dof"] >= 70 for r in rows.values() if r["noise"]["kind"] == "turns")
     assert rows[3]["verdict"] == "regression" and rows[3]["new_confident"]
     assert {r["verdict"] for t, r in rows.items() if t != 3} == {"unchanged"}
-    assert "the spread of the processes' turns for" in cmp.noise_line(cmp.compare(turned_run(rng, "a"),
+    assert "the spread of the processes' turns for" in regression.noise_line(cmp.compare(turned_run(rng, "a"),
                                                                                    turned_run(rng, "b")))
     moved = [float(np.exp(rng.normal(0, 0.06))) for _ in range(12)]
     wide = cmp.compare(turned_run(rng, "a"), turned_run(rng, "b", moved=moved)).rows

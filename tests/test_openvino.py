@@ -171,7 +171,7 @@ def test_detection_outputs_are_flattened_and_agree_with_eager():
     Random weights give every candidate the same score, so conv biases get noise first: ties would
     make which boxes survive arbitrary and the comparison meaningless.
     """
-    from aio_examples.measurement.output_check import compare
+    from aio_examples.measurement.output_check import check_outputs
 
     spec = get_model("ssdlite320_mobilenet_v3")
     shape = spec.shape(input_size=128)
@@ -187,7 +187,7 @@ def test_detection_outputs_are_flattened_and_agree_with_eager():
         reference = module(*inputs)
     outputs = prepared.fn(*prepared.inputs)
     assert [o.shape[1:] for o in outputs] == [(4,), (), ()]     # boxes, scores, labels of the one image
-    check = compare(spec.task, reference, outputs, "fp32", True)
+    check = check_outputs(spec.task, reference, outputs, "fp32", True)
     assert check.passed and check.to_dict()["agreement"]["reference_boxes"] > 0, check.to_dict()
 
 

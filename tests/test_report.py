@@ -9,14 +9,18 @@ from conftest import run_cli
 from aio_examples.core import records as res
 from aio_examples.reporting.report import build_report, geomean_speedups, suite_frame, summary_frame
 
+BOX = {"hostname": "box", "allocator": "default", "cpu_model": "Test CPU", "arch": "x86_64", "logical_cpus": 2}
+BOX_ID = res.machine_fingerprint(BOX)
+
 
 def record(model, backend, median, status="ok", precision="fp32", threads=2, flops=None, **extra):
+    extra.setdefault("input_shape", {"batch_size": 1})
     r = res.Result(model=model, task="image-classification", backend=backend, precision=precision, batch_size=1,
-                   threads=threads, input_shape={"batch_size": 1}, status=status,
+                   threads=threads, status=status,
                    reason=None if status == "ok" else "why not",
                    latency_ms={"median": median, "p90": median * 1.1, "p99": median * 1.2} if status == "ok" else None,
                    throughput={"value": 1000 / median, "unit": "images/s"} if status == "ok" else None,
-                   env={"hostname": "box", "allocator": "default"}, **extra)
+                   env=dict(BOX), **extra)
     if flops:
         r.metrics = {"flops_per_pass": flops, "units_per_pass": 1}
     return r.to_dict()
@@ -39,13 +43,13 @@ def test_speedups_and_geomean_match_a_hand_computation():
     assert geo[("onnxruntime", "fp32")] == pytest.approx(2.0)
     assert geo[("eager", "fp32")] == pytest.approx(1.0)
     table, setting = suite_frame(df)
-    assert setting == {"batch_size": 1, "threads": 2, "machine": "box"}
+    assert setting == {"batch_size": 1, "threads": 2, "machine": BOX_ID, "host": "box"}
     assert table.loc["geomean", ("aio", "fp32")] == pytest.approx(math.sqrt(6.0))
 
 
 def test_percent_of_peak_uses_flops_per_unit_and_the_peak_at_the_same_precision_and_threads():
     df = summary_frame([record("a", "eager", 100.0, flops=4e9), record("a", "aio", 50.0, flops=4e9)],
-                       peaks={"box": {"fp32": {"2": 200.0}}})
+                       peaks={BOX_ID: {"fp32": {"2": 200.0}}})
     row = df[df.backend == "aio"].iloc[0]
     assert row.achieved_gflops == pytest.approx(80.0)          # 4 GFLOP per image x 20 images/s
     assert row.peak_pct == pytest.approx(40.0)
@@ -57,6 +61,55 @@ def test_the_latest_record_of_a_configuration_wins():
     new["timestamp"] = "9999-01-01T00:00:00+00:00"
     df = summary_frame([new, old], peaks={})
     assert list(df.median_ms) == [90.0]
+
+
+def test_records_differing_only_in_input_shape_or_sequence_length_are_rows_of_their_own():
+    rows = [record("a", "eager", 100.0, input_shape={"batch_size": 1, "input_size": 64}),
+            record("a", "aio", 25.0, input_shape={"batch_size": 1, "input_size": 64}),
+            record("a", "eager", 300.0, input_shape={"batch_size": 1, "input_size": 96}),
+            record("a", "aio", 100.0, input_shape={"batch_size": 1, "input_size": 96}),
+            record("n", "eager", 8.0, input_shape={"batch_size": 1, "seq_len": 128}),
+            record("n", "eager", 40.0, input_shape={"batch_size": 1, "seq_len": 384}),
+            record("n", "aio", 20.0, input_shape={"batch_size": 1, "seq_len": 384})]
+    df = summary_frame(rows, peaks={})
+    speed = {(r.model, r.backend, r.shape): r.speedup_vs_eager_fp32 for r in df.itertuples()}
+    assert len(df) == 7
+    assert speed[("a", "aio", "input_size=64")] == pytest.approx(4.0)
+    assert speed[("a", "aio", "input_size=96")] == pytest.approx(3.0)
+    assert speed[("n", "aio", "seq_len=384")] == pytest.approx(2.0)
+    table, _ = suite_frame(df)
+    assert table.loc["a input_size=96", ("aio", "fp32")] == pytest.approx(3.0)
+
+
+def test_a_speedup_comes_from_the_eager_fp32_measured_in_the_same_process():
+    # One process measured eager and aio side by side (the runner gave aio its speedup, 2.0x); a later
+    # process measured eager alone on a slower moment. The later eager row is shown, but aio keeps the
+    # speedup of its own process, not 120/50.
+    same = record("a", "aio", 50.0, speedup_vs_eager_fp32=2.0, run_id="p1")
+    earlier_eager = record("a", "eager", 100.0, run_id="p1")
+    later_eager = record("a", "eager", 120.0, run_id="p2")
+    later_eager["timestamp"] = "9999-01-01T00:00:00+00:00"
+    alone = record("b", "aio", 50.0, run_id="p3")           # no eager beside it: the eager record of b's setting
+    b_eager = record("b", "eager", 75.0, run_id="p4")
+    df = summary_frame([earlier_eager, same, later_eager, alone, b_eager], peaks={})
+    speed = {(r.model, r.backend): r.speedup_vs_eager_fp32 for r in df.itertuples()}
+    assert speed[("a", "aio")] == pytest.approx(2.0) and speed[("b", "aio")] == pytest.approx(1.5)
+    assert list(df[df.model == "a"].median_ms) == [50.0, 120.0]
+
+
+def test_configurations_measured_under_contention_are_marked_and_left_out_of_the_suite_view():
+    busy = {"busy_elsewhere_cores": 0.9, "threshold_cores": 0.25}
+    quiet = {"busy_elsewhere_cores": 0.02, "threshold_cores": 0.25}
+    rows = [record("a", "eager", 100.0, contention=quiet), record("a", "aio", 10.0, contention=busy),
+            record("b", "eager", 30.0, contention=quiet), record("b", "aio", 20.0, contention=quiet)]
+    df = summary_frame(rows, peaks={})
+    assert list(df.sort_values(["model", "backend"]).contended) == [True, False, False, False]
+    table, _ = suite_frame(df)
+    assert pd.isna(table.loc["a", ("aio", "fp32")]) and table.loc["geomean", ("aio", "fp32")] == pytest.approx(1.5)
+    assert geomean_speedups(df)[("aio", "fp32")] == pytest.approx(1.5)
+    with_busy, _ = suite_frame(df, include_contended=True)
+    assert with_busy.loc["a", ("aio", "fp32")] == pytest.approx(10.0)
+    assert geomean_speedups(df, include_contended=True)[("aio", "fp32")] == pytest.approx(math.sqrt(15.0))
 
 
 def test_a_report_from_a_real_sweep_has_every_section_and_embedded_plots(small_sweep, tmp_path):
@@ -74,9 +127,10 @@ def test_a_report_from_a_real_sweep_has_every_section_and_embedded_plots(small_s
 
 def test_report_command_names_a_bad_input(tmp_path):
     missing = run_cli(["-m", "aio_examples", "report", str(tmp_path / "nothing")])
-    assert missing.returncode == 2 and "holds no results.jsonl" in missing.stderr
+    assert missing.returncode == 2 and "neither a results.jsonl file nor a folder holding one" in missing.stderr
     bad = tmp_path / "results.jsonl"
-    bad.write_text('{"model": "a"}\nnot json\n')
+    bad.write_text(res.Result(model="a", task="t", backend="eager", precision="fp32", batch_size=1, threads=1,
+                              input_shape={}).to_json() + "\nnot json\n")
     broken = run_cli(["-m", "aio_examples", "report", str(bad)])
     assert broken.returncode == 2 and f"{bad}:2" in broken.stderr
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from ..core.errors import UsageError
-from ..machine.environment import machine_description, machine_fingerprint
-from .compare import KEY_FIELDS, Run, config_key
+from ..core.records import Result, machine_description
+from .runs import Run, from_files
 
 DEFAULT_PATH = Path("results") / "history.sqlite"
 SCHEMA_VERSION = 1
@@ -110,14 +110,14 @@ class History:
 
     def add(self, run: Run, label: str | None = None) -> tuple[int, bool]:
         """Store a run's records in one transaction. Returns (run id, whether it was new)."""
-        records = run.records
+        records = [r.to_dict() for r in run.records]
         digest = hashlib.sha256("\n".join(json.dumps(r, sort_keys=True, default=str) for r in records)
                                 .encode()).hexdigest()
         existing = self.conn.execute("SELECT id FROM runs WHERE digest = ?", (digest,)).fetchone()
         if existing:
             return existing[0], False
         machine = run.machine           # the fingerprint compare and the nightly baseline look up
-        env = next((r["env"] for r in records if machine_fingerprint(r.get("env")) == machine), {})
+        env = next((r.env for r in run.records if r.machine == machine), {})
         versions = {k: v for k, v in (env.get("versions") or {}).items() if v}
         with self._transaction():
             cur = self.conn.execute(
@@ -127,16 +127,15 @@ class History:
                  machine_description(env) if env else None, env.get("git_commit"), json.dumps(versions),
                  json.dumps(env, default=str)))
             run_id = cur.lastrowid
-            for r in records:
-                key = dict(zip(KEY_FIELDS, config_key(r, machine)))
-                del key["machine"]               # stored once, with the run
+            for r, d in zip(run.records, records, strict=True):
+                k = r.key(machine)           # the machine is stored once, with the run
                 self.conn.execute(
                     "INSERT INTO records (run_id, model, backend, precision, batch_size, threads, instances, "
                     "allocator, shape, status, median_ms, throughput, unit, timestamp, record) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (run_id, *key.values(), r["status"], (r.get("latency_ms") or {}).get("median"),
-                     (r.get("throughput") or {}).get("value"), (r.get("throughput") or {}).get("unit"),
-                     r.get("timestamp"), json.dumps(r, default=str)))
+                    (run_id, k.model, k.backend, k.precision, k.batch_size, k.threads, k.instances, k.allocator,
+                     k.shape, r.status, r.median_ms, (r.throughput or {}).get("value"),
+                     (r.throughput or {}).get("unit"), r.timestamp, json.dumps(d, default=str)))
         return run_id, True
 
     # ------------------------------------------------------------ reading
@@ -172,8 +171,8 @@ class History:
         if not row:
             raise UsageError(f"history run {ref!r} is not in {str(self.path)!r}; accepted: an id from "
                              "'aio-examples history list'")
-        records = [json.loads(t) for (t,) in self.conn.execute(
-            "SELECT record FROM records WHERE run_id = ? ORDER BY id", (row[0],))]
+        records = [Result.from_dict(json.loads(t), f"history:{row[0]} record {i}") for i, (t,) in enumerate(
+            self.conn.execute("SELECT record FROM records WHERE run_id = ? ORDER BY id", (row[0],)))]
         return Run(f"history:{row[0]}", records)
 
     def series(self, model: str, **where) -> list[dict]:
@@ -209,21 +208,48 @@ class History:
         comparison judges it. Differences of consecutive runs, over sqrt(2), so a real step change in the
         past inflates it less than a plain standard deviation would.
         """
+        wanted, by_key = set(keys), {}
+        for model in sorted({k.model for k in wanted}):
+            for run_id, record in self.conn.execute(
+                    "SELECT r.id, x.record FROM records x JOIN runs r ON r.id = x.run_id WHERE r.machine IS ? "
+                    "AND x.model = ? AND x.status = 'ok' AND x.median_ms > 0 AND r.id IS NOT ? "
+                    "ORDER BY r.started_at, r.id", (machine, model, before)):
+                r = Result.from_dict(json.loads(record), f"history:{run_id} record")
+                if not r.is_instance and (key := r.key(machine)) in wanted:
+                    by_key.setdefault(key, {}).setdefault(run_id, []).append(r.median_ms)
         out = {}
-        for key in keys:
-            model, backend, precision, batch, threads, inst, alloc, shape, _ = key
-            by_run = {}
-            for run_id, median in self.conn.execute(
-                    "SELECT r.id, x.median_ms FROM records x JOIN runs r ON r.id = x.run_id WHERE r.machine IS ? "
-                    "AND x.model = ? AND x.backend = ? AND x.precision = ? AND x.batch_size = ? AND x.threads = ? "
-                    "AND x.instances = ? AND x.allocator = ? AND x.shape = ? AND x.status = 'ok' "
-                    "AND x.median_ms > 0 AND r.id IS NOT ? ORDER BY r.started_at, r.id",
-                    (machine, model, backend, precision, batch, threads, inst, alloc, shape, before)):
-                by_run.setdefault(run_id, []).append(median)
+        for key, by_run in by_key.items():
             if len(by_run) >= MIN_RUNS_FOR_NOISE:
                 steps = np.diff(np.log([np.median(m) for m in by_run.values()]))
                 out[key] = (float(np.std(steps, ddof=1) / np.sqrt(2)), float(steps.size - 1))
         return out
+
+    def trend(self, model: str, **where):
+        """`series` as a table, with each configuration's change from its previous run (`vs_previous`)."""
+        import pandas as pd
+
+        rows = self.series(model, **where)
+        if not rows:
+            raise UsageError(f"no stored records of {model!r} with those filters in {str(self.path)!r}; accepted: "
+                             "a model and filters of a stored run (see 'aio-examples history list')")
+        config = ["backend", "precision", "batch_size", "threads", "instances", "allocator", "shape"]
+        df = pd.DataFrame(rows).sort_values([*config, "started_at", "run"], kind="stable")
+        df["vs_previous"] = df.groupby(config, dropna=False)["median_ms"].pct_change(fill_method=None)
+        return df, rows
+
+
+def load_run(ref, history_path=None) -> Run:
+    """A comparison side: a results folder (every results.jsonl below it), a results.jsonl file, or
+    `history:ID` / `history:latest` from the history store."""
+    if str(ref).startswith("history:"):
+        with History.open(history_path, create=False) as h:
+            return h.run(str(ref).split(":", 1)[1])
+    try:
+        return from_files(ref)
+    except UsageError as exc:
+        if Path(ref).exists():
+            raise
+        raise UsageError(f"{exc}, or history:ID / history:latest") from None
 
 
 class _Transaction:
@@ -259,35 +285,3 @@ def _db_error(path: Path, exc: sqlite3.Error) -> UsageError:
                           f"{LOCK_TIMEOUT_S:.0f} s); nothing was changed: retry when it is done")
     return UsageError(f"history database {str(path)!r} cannot be used ({text}); nothing in it was changed: "
                       "move it aside to start a new history")
-
-
-def plot_series(rows: list[dict], title: str, path: Path) -> Path:
-    """Median latency per run with its confidence interval, one line per configuration."""
-    from ..reporting.report import _figure, _save
-
-    fig, ax = _figure(9.0, 4.0)
-    groups = {}
-    for r in rows:
-        if r["status"] == "ok" and r["median_ms"]:
-            label = f"{r['backend']} {r['precision']} b{r['batch_size']} t{r['threads']}" + \
-                    (f" x{r['instances']}" if r["instances"] > 1 else "")
-            groups.setdefault(label, []).append(r)
-    for label, rs in sorted(groups.items()):
-        x = [r["run"] for r in rs]
-        y = [r["median_ms"] for r in rs]
-        lo = [r["median_ms"] - (r["ci_low"] if _finite(r["ci_low"]) else r["median_ms"]) for r in rs]
-        hi = [(r["ci_high"] if _finite(r["ci_high"]) else r["median_ms"]) - r["median_ms"] for r in rs]
-        ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, label=label)
-    from matplotlib.ticker import MaxNLocator
-
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("history run")
-    ax.set_ylabel("median latency (ms)")
-    ax.set_title(title)
-    if groups:
-        ax.legend(fontsize=7)
-    return _save(fig, path)
-
-
-def _finite(v) -> bool:
-    return isinstance(v, (int, float)) and np.isfinite(v)

@@ -9,13 +9,16 @@ from .openvino import OpenVinoBackend
 from .optimized import AioBackend
 from .torchscript import TorchScriptBackend
 
+# The engines are built first: the optimized backend runs its strategies on these same instances.
+_inductor, _onnxruntime, _openvino = InductorBackend(), OnnxRuntimeBackend(), OpenVinoBackend()
+
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
-    AioBackend(),
+    AioBackend(engines={"onnxruntime": _onnxruntime, "openvino": _openvino, "inductor": _inductor}),
     EagerBackend(),
     TorchScriptBackend(),
-    InductorBackend(),
-    OnnxRuntimeBackend(),
-    OpenVinoBackend(),
+    _inductor,
+    _onnxruntime,
+    _openvino,
 )}
 
 DEFAULT_BACKEND = "aio"

@@ -32,6 +32,10 @@ class PrepareContext:
     batch_size: int
     weights_id: str             # digest of the weights: part of every cache key
     calibration: Callable[[int], list] | None = None   # n -> n input tuples for int8 calibration
+    # Named zero-argument pass functions -> the median ms of each that ran, timed alike (interleaved): how a
+    # backend choosing among strategies times them. The runner hands in its own (timing.time_passes), so
+    # backends never import the timing layer above them.
+    time_passes: Callable[[dict[str, Callable[[], Any]]], dict[str, float]] | None = None
 
     def calibration_inputs(self, example_inputs: tuple, n: int = 8) -> list[tuple]:
         """Input tuples for static int8 calibration (the example inputs when nothing better is known)."""

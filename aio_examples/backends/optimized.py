@@ -15,11 +15,10 @@ import platform
 
 from ..core.errors import UnsupportedError, UsageError, short_error
 from ..core.log import logger
+from ..machine import contention
 from .base import Backend, Prepared
 
 STRATEGIES = ("compiled", "onnxruntime", "openvino")
-TUNING_ROUND_S = 0.5
-TUNING_TIMEOUT_S = 6.0
 BUSY_LIMIT_CORES = 0.3      # other processes' load above which a tuning decision is used but not cached
 
 
@@ -35,6 +34,11 @@ class AioBackend(Backend):
     name = "aio"
     description = "optimized: the fastest of aio-compiled / ONNX Runtime / OpenVINO here, tuned and cached"
 
+    def __init__(self, engines: dict[str, Backend] | None = None):
+        """`engines`: the backends the strategies run on ("onnxruntime", "openvino", and "inductor" for int8
+        conv nets), built by the registry and handed in so this module does not import it."""
+        self.engines = dict(engines or {})
+
     def prepare(self, model, example_inputs, precision, threads, ctx):
         from ..machine.environment import capture
         from .artifacts import describe_inputs
@@ -47,7 +51,7 @@ class AioBackend(Backend):
         cached = _load_decision(decision_file)
         if cached and cached["strategy"] in STRATEGIES:
             try:
-                prepared = _prepare_strategy(cached["strategy"], model, example_inputs, precision, threads, ctx)
+                prepared = self._prepare_strategy(cached["strategy"], model, example_inputs, precision, threads, ctx)
             except UnsupportedError:
                 logger.info("cached strategy %s no longer runs; tuning again", cached["strategy"])
             else:
@@ -57,15 +61,18 @@ class AioBackend(Backend):
         return self._tune(model, example_inputs, precision, threads, ctx, decision_file)
 
     def _tune(self, model, example_inputs, precision, threads, ctx, decision_file) -> Prepared:
-        """Prepare every strategy that can run, time them alike, keep the fastest."""
-        import torch
+        """Prepare every strategy that can run, time them alike (with `ctx.time_passes`), keep the fastest.
 
-        from ..measurement.timing import Measurement, StopRule, measure
+        Without `ctx.time_passes` (prepare called outside the runner) the first strategy that runs is taken,
+        untuned, and nothing is cached."""
+        import torch
 
         prepared, refused = {}, {}
         for strategy in STRATEGIES:
+            if prepared and ctx.time_passes is None:
+                break
             try:
-                p = _prepare_strategy(strategy, copy.deepcopy(model), example_inputs, precision, threads, ctx)
+                p = self._prepare_strategy(strategy, copy.deepcopy(model), example_inputs, precision, threads, ctx)
                 one_pass = lambda p=p: p.fn(*p.inputs)
                 if p.compiles_on_first_call:
                     with torch.no_grad():
@@ -79,69 +86,55 @@ class AioBackend(Backend):
         if not prepared:
             raise UnsupportedError("no aio strategy runs this model at " + precision + ": "
                                    + "; ".join(f"{k}: {v}" for k, v in refused.items()))
-        rule = StopRule(timeout_s=TUNING_TIMEOUT_S, min_time_s=1.0, min_runs=5, ci_target=0.02)
-        measurements = {s: Measurement(one_pass, rule) for s, (_, one_pass) in prepared.items()}
-        before = _cpu_snapshot()
-        if len(measurements) > 1:
-            with torch.no_grad():
-                measure(list(measurements.values()), round_s=TUNING_ROUND_S, on_error=_drop)
-        busy = _busy_elsewhere(before, _cpu_snapshot())
-        medians = {s: m.summary().median for s, m in measurements.items() if m.samples_ns and not m.error}
-        best = min(medians, key=medians.get) if medians else next(iter(prepared))
-        decision = {"strategy": best, "medians_ms": {s: round(v, 3) for s, v in medians.items()},
-                    "refused": refused, "busy_elsewhere_cores": round(busy, 2)}
-        tuning = {**decision, "cached": False, "file": str(decision_file)}
-        if len(measurements) > 1 and busy > BUSY_LIMIT_CORES:
-            # A decision taken while other processes held the cores would stick to every later run.
-            tuning["not_saved"] = (f"other processes kept {busy:.2f} cores busy while tuning "
-                                   f"(limit {BUSY_LIMIT_CORES}); the next run tunes again")
-            logger.warning("aio tuning: %s", tuning["not_saved"])
+        if ctx.time_passes is None:
+            best = next(iter(prepared))
+            tuning = {"not_tuned": "no timing function handed in", "refused": refused}
+            logger.warning("aio: no timing function handed in (PrepareContext.time_passes): running %s untuned", best)
         else:
-            _save_decision(decision_file, decision)
-        logger.info("aio tuning chose %s (%s)", best, ", ".join(f"{s} {v:.2f} ms" for s, v in medians.items()))
+            best, tuning = _choose(prepared, refused, ctx.time_passes, decision_file)
         chosen = prepared[best][0]
         chosen.info.update({"strategy": best, "tuning": tuning})
-        chosen.compiles_on_first_call = False     # already compiled while tuning
+        chosen.compiles_on_first_call = False     # already compiled above
         return chosen
 
-
-def _cpu_snapshot() -> tuple[float, float, float]:
-    """(machine busy CPU seconds, this process's CPU seconds, wall seconds)."""
-    import time
-
-    import psutil
-
-    machine = psutil.cpu_times()
-    own = psutil.Process().cpu_times()
-    return machine.user + machine.nice + machine.system + machine.irq + machine.softirq + getattr(
-        machine, "steal", 0.0), own.user + own.system, time.monotonic()
+    def _prepare_strategy(self, strategy, model, example_inputs, precision, threads, ctx) -> Prepared:
+        if strategy == "compiled":
+            return _compiled(model, example_inputs, precision, threads, ctx, self.engines.get("inductor"))
+        backend = self.engines.get(strategy)
+        reason = f"no {strategy} engine was handed in" if backend is None else backend.unavailable_reason()
+        if reason:
+            raise UnsupportedError(reason)
+        return backend.prepare(model, example_inputs, precision, threads, ctx)
 
 
-def _busy_elsewhere(before, after) -> float:
-    """Average number of cores other processes kept busy between two snapshots."""
-    wall = after[2] - before[2]
-    if wall <= 0:
-        return 0.0
-    return max(0.0, ((after[0] - before[0]) - (after[1] - before[1])) / wall)
+def _choose(prepared: dict, refused: dict, time_passes, decision_file) -> tuple[str, dict]:
+    """Time the prepared strategies, keep the fastest, and cache that decision unless other processes held our
+    cores meanwhile. Their load is read on our cores only (machine/contention.py): load on cores we do not run
+    on cannot slow the strategies, so a machine-wide figure would refuse to cache for nothing."""
+    import torch
+
+    before = contention.snapshot()
+    medians = {}
+    if len(prepared) > 1:
+        with torch.no_grad():
+            medians = time_passes({s: one_pass for s, (_, one_pass) in prepared.items()})
+    busy = contention.busy_elsewhere(before, contention.snapshot())
+    best = min(medians, key=medians.get) if medians else next(iter(prepared))
+    decision = {"strategy": best, "medians_ms": {s: round(v, 3) for s, v in medians.items()},
+                "refused": refused, "busy_elsewhere_cores": round(busy, 2)}
+    tuning = {**decision, "cached": False, "file": str(decision_file)}
+    if len(prepared) > 1 and busy > BUSY_LIMIT_CORES:
+        # A decision taken while other processes held the cores would stick to every later run.
+        tuning["not_saved"] = (f"other processes kept {busy:.2f} cores busy while tuning "
+                               f"(limit {BUSY_LIMIT_CORES}); the next run tunes again")
+        logger.warning("aio tuning: %s", tuning["not_saved"])
+    else:
+        _save_decision(decision_file, decision)
+    logger.info("aio tuning chose %s (%s)", best, ", ".join(f"{s} {v:.2f} ms" for s, v in medians.items()))
+    return best, tuning
 
 
-def _drop(measurement, exc) -> None:
-    measurement.error = (type(exc).__name__, str(exc))
-
-
-def _prepare_strategy(strategy, model, example_inputs, precision, threads, ctx) -> Prepared:
-    if strategy == "compiled":
-        return _compiled(model, example_inputs, precision, threads, ctx)
-    from . import BACKENDS
-
-    backend = BACKENDS[strategy]
-    reason = backend.unavailable_reason()
-    if reason:
-        raise UnsupportedError(reason)
-    return backend.prepare(model, example_inputs, precision, threads, ctx)
-
-
-def _compiled(model, example_inputs, precision, threads, ctx) -> Prepared:
+def _compiled(model, example_inputs, precision, threads, ctx, inductor: Backend | None = None) -> Prepared:
     """torch.compile(backend="aio") with the precision's implicit mode, channels-last for conv nets."""
     from .. import aio_compile
     from ..core import precision as prec
@@ -158,9 +151,9 @@ def _compiled(model, example_inputs, precision, threads, ctx) -> Prepared:
         if is_conv_net(model, example_inputs):
             # The implicit int8 kinds (FullyConnected, Matmul, EmbeddingBag) would leave the convolutions in
             # fp32: conv nets take static PT2E int8 lowered by inductor instead.
-            from . import BACKENDS
-
-            prepared = BACKENDS["inductor"].prepare(model, example_inputs, precision, threads, ctx)
+            if inductor is None:
+                raise UnsupportedError("int8 conv nets run on the inductor backend, and none was handed in")
+            prepared = inductor.prepare(model, example_inputs, precision, threads, ctx)
             prepared.info["int8_path"] = "PT2E static int8 lowered by inductor (conv net)"
             return prepared
         options["quantize_int8_filter"] = os.environ.get("AIO_QUANTIZE_INT8_FILTER") or ".*"

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from ..core.errors import AioError, UsageError
 from ..core.log import configure
+from ..drivers.worker import add_run_arguments
+from ..drivers.worker import positive as _positive
 
 PROG = "aio-examples"
 
@@ -19,56 +21,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message):
         raise UsageError(message)
-
-
-def _positive(flag, kind=int, accepted="a whole number >= 1"):
-    """An argparse type: a number > 0 of `kind`, else a one-line usage error naming `flag`."""
-    def parse(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = 0
-        if not value > 0:
-            raise UsageError(f"{flag} {text!r} is invalid; accepted: {accepted}")
-        return value
-    return parse
-
-
-def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags of a measurement, shared by `aio-examples run` and every run.py."""
-    from ..backends import BACKENDS, DEFAULT_BACKEND
-    from ..core.precision import PRECISIONS
-
-    p.add_argument("-p", "--precision", default="fp32",
-                   help=f"one of {', '.join(PRECISIONS)}, a comma list, or 'all' (default fp32)")
-    p.add_argument("-b", "--batch-size", type=_positive("-b/--batch-size"), default=1)
-    p.add_argument("-t", "--threads", default=None,
-                   help="threads (default: AIO_NUM_THREADS, else OMP_NUM_THREADS, else physical cores)")
-    p.add_argument("--backend", default=None,
-                   help=f"one of {', '.join(BACKENDS)}, a comma list, or 'all' (default: {DEFAULT_BACKEND})")
-    p.add_argument("--timeout", type=_positive("--timeout", float, "a number of seconds > 0"), default=60.0,
-                   help="seconds of measurement per configuration (default 60)")
-    p.add_argument("--num-runs", type=_positive("--num-runs"), default=None,
-                   help="measure exactly this many passes instead of stopping at the confidence target")
-    p.add_argument("--output", default="results", help="folder for results.jsonl (default ./results)")
-    p.add_argument("--input-size", type=_positive("--input-size"), default=None, help="image side (vision)")
-    p.add_argument("--seq-len", type=_positive("--seq-len"), default=None, help="sequence length (NLP)")
-    p.add_argument("--new-tokens", type=_positive("--new-tokens"), default=None,
-                   help="tokens to generate (text generation)")
-    p.add_argument("--weights", default=None, help="a local torchvision/PyTorch state-dict file")
-    p.add_argument("--model-dir", default=None, help="a local Hugging Face model folder (with tokenizer)")
-    p.add_argument("--allow-oversubscribe", action="store_true",
-                   help="allow more threads than CPUs available to this process")
-    p.add_argument("--probe", action="store_true",
-                   help="after every second of passes, read the machine (one core's speed at numpy matmuls, "
-                        "and how fast the cores hand work over) so compare can take its moves out of a change")
-    p.add_argument("--json", action="store_true", help="print the records as JSON lines instead of a table")
-    # Set by the sweep and throughput drivers for the processes they start.
-    p.add_argument("--point-id", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--instance", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--barrier", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--turns", default=None, help=argparse.SUPPRESS)     # READ_FD,WRITE_FD from a sweep (turns.py)
-    p.add_argument("--group", default=None, help=argparse.SUPPRESS)
 
 
 def _backends(arg: str | None) -> list[str]:
@@ -121,22 +73,13 @@ def do_run(model: str, args) -> int:
     out_dir = check_output_dir(args.output)
 
     from ..core.records import format_table
+    from ..drivers.worker import scenario_of
     from ..measurement.runner import RunRequest, run
     from ..measurement.timing import StopRule
 
-    instance = None
-    if args.instance is not None:
-        from ..drivers.instances import InstanceSync
-
-        instance = InstanceSync.parse(args.instance, args.barrier or ".", args.group or "")
-    turns = None
-    if args.turns is not None:
-        from ..drivers.turns import Turns
-
-        turns = Turns(args.turns)
     req = RunRequest(spec, backends, precisions, args.batch_size, choice, shape, args.weights, args.model_dir,
-                     StopRule(timeout_s=args.timeout, num_runs=args.num_runs), instance=instance,
-                     point_id=args.point_id, probe=args.probe, turns=turns)
+                     StopRule(timeout_s=args.timeout, num_runs=args.num_runs), scenario=scenario_of(args),
+                     point_id=args.point_id, probe=args.probe)
     compare = len(backends) > 1 or len(precisions) > 1
     results = run(req, out_dir, reference=compare)
     if args.json:
@@ -304,17 +247,18 @@ def do_throughput(args) -> int:
                              args.threads_per_instance, args.timeout, out, shape, args.allocator, numa_cpus=numa)
     agg = records[-1]
     for r in records[:-1]:
-        i = r["instance"]
-        lat = r.get("latency_ms") or {}
-        print(f"instance {i['index']}: cores {i.get('cores')}, {r['status']}"
-              + (f", median {lat['median']:.2f} ms, {r['throughput']['value']:.2f} {r['throughput']['unit']}"
-                 if r["status"] == "ok" else f": {r['reason']}"))
-    if agg["status"] != "ok":
-        print(f"throughput: {agg['status']}: {agg['reason']}")
+        lat = r.latency_ms or {}
+        print(f"instance {r.instance['index']}: cores {r.instance.get('cores')}, {r.status}"
+              + (f", median {lat['median']:.2f} ms, {r.throughput['value']:.2f} {r.throughput['unit']}"
+                 if r.status == "ok" else f": {r.reason}"))
+        for warning in r.warnings:
+            print(f"  warning: {warning}")
+    if agg.status != "ok":
+        print(f"throughput: {agg.status}: {agg.reason}")
         return 1
     print(f"{args.model} {args.backend} {args.precision} b{args.batch_size}: {args.instances} instance(s) x "
-          f"{args.threads_per_instance} thread(s): {agg['throughput']['value']:.2f} {agg['throughput']['unit']} "
-          f"(sum over the {agg['instance']['window_s']:.1f} s all instances ran)")
+          f"{args.threads_per_instance} thread(s): {agg.throughput['value']:.2f} {agg.throughput['unit']} "
+          f"(sum over the {agg.instance['window_s']:.1f} s all instances ran)")
     print(f"records appended to {out / 'results.jsonl'}")
     return 0
 
@@ -322,7 +266,7 @@ def do_throughput(args) -> int:
 def do_report(args) -> int:
     from ..reporting.report import build_report
 
-    written = build_report(args.results, Path(args.output))
+    written = build_report(args.results, Path(args.output), include_contended=args.include_contended)
     print(f"{written['records']} records: {written['html']}, {written['md']}, {written['csv']} "
           f"(plots in {Path(args.output) / 'plots'})")
     return 0
@@ -353,25 +297,26 @@ def do_peak(args) -> int:
 
 def do_compare(args) -> int:
     from ..analysis import compare as cmp
+    from ..analysis.history import load_run
+    from ..reporting import regression
 
     threshold = cmp.parse_threshold(args.threshold)
-    baseline, new = cmp.load_run(args.baseline, args.history), cmp.load_run(args.new, args.history)
+    baseline, new = load_run(args.baseline, args.history), load_run(args.new, args.history)
     comparison = cmp.compare(baseline, new, threshold, args.confidence, _list(args.ignore) if args.ignore else ())
-    text = cmp.render(comparison, args.format)
+    text = regression.render(comparison, args.format)
     if args.output:
         Path(args.output).write_text(text)
-        print(cmp.summary_line(comparison) + f" -> {args.output}")
+        print(regression.summary_line(comparison) + f" -> {args.output}")
     else:
         print(text)
     return comparison.exit_code
 
 
 def do_history(args) -> int:
-    from ..analysis.history import History, plot_series
+    from ..analysis.history import History, load_run
+    from ..reporting.plots import plot_history
 
     if args.action == "add":
-        from ..analysis.compare import load_run
-
         run = load_run(args.results)
         with History.open(args.history) as h:
             run_id, fresh = h.add(run, label=args.label)
@@ -387,28 +332,22 @@ def do_history(args) -> int:
                       f"git {(r['git_commit'] or '?')[:10]}  {r['machine_desc'] or '?'}  {r['label'] or r['source']}")
             print(f"{len(rows)} run(s) in {h.path}")
             return 0
-        rows = h.series(args.model, backend=args.backend, precision=args.precision, batch_size=args.batch_size,
-                        threads=args.threads)
-    if not rows:
-        raise UsageError(f"no stored records of {args.model!r} with those filters in {str(h.path)!r}; accepted: "
-                         "a model and filters of a stored run (see 'aio-examples history list')")
-    import pandas as pd
-
-    config = ["backend", "precision", "batch_size", "threads", "instances", "allocator", "shape"]
-    df = pd.DataFrame(rows).sort_values([*config, "started_at", "run"], kind="stable")
-    df["vs_previous"] = df.groupby(config, dropna=False)["median_ms"].pct_change(fill_method=None)
+        df, rows = h.trend(args.model, backend=args.backend, precision=args.precision, batch_size=args.batch_size,
+                           threads=args.threads)
     if args.format == "json":
         print(df.to_json(orient="records", indent=1))
     elif args.format == "csv":
         print(df.to_csv(index=False), end="")
     else:
+        import pandas as pd
+
         shown = df.drop(columns=["ci_low", "ci_high", "allocator"])
         shown["vs_previous"] = shown["vs_previous"].map(lambda v: "" if pd.isna(v) else f"{100 * v:+.1f}%")
         print(shown.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     plot = Path(args.plot) if args.plot else h.path.parent / f"history-{args.model}.png"
     title = f"{args.model}" + "".join(f", {k} {v}" for k, v in (("backend", args.backend), ("precision", args.precision),
                                                                 ("batch", args.batch_size), ("threads", args.threads)) if v)
-    print(f"trend plot: {plot_series(rows, title, plot)}")
+    print(f"trend plot: {plot_history(rows, title, plot)}")
     return 0
 
 
@@ -495,6 +434,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="report.html, summary.csv/md and plots from result files or folders")
     rp.add_argument("results", nargs="+", help="results.jsonl files or folders holding them")
     rp.add_argument("--output", default="report", help="folder to write into (default ./report)")
+    rp.add_argument("--include-contended", action="store_true",
+                    help="keep configurations measured while other processes held their cores in the suite view "
+                         "and its geometric means (they are marked either way)")
     history_help = "the history database (default results/history.sqlite, or AIO_HISTORY)"
     cp = sub.add_parser("compare", help="what got slower between two runs (exit 1 on a regression)")
     cp.add_argument("baseline", help="results folder or file, or history:ID / history:latest")

@@ -41,18 +41,6 @@ class Outcome:
         return head + (f"; last stderr: {last.strip()[:300]}" if last else "")
 
 
-def run_argv(model: str, shape: dict, **options) -> list[str]:
-    """Arguments of `python -m aio_examples run MODEL ...` for one point: shape overrides and options
-    become long flags (`batch_size=8` -> `--batch-size 8`, `json=True` -> `--json`; None is left out)."""
-    argv = ["-m", "aio_examples", "run", model]
-    for name, value in [*shape.items(), *options.items()]:
-        if value is None or value is False:
-            continue
-        flag = "--" + name.replace("_", "-")
-        argv += [flag] if value is True else [flag, str(value)]
-    return argv
-
-
 class Isolated:
     """A `python argv...` child in its own session (so a timeout kills its whole process group), with
     an optional command prefix (numactl) binding it to cores."""

@@ -1,20 +1,80 @@
-"""Result records: versioned, flat-ish JSON, one per measured configuration.
+"""The record model: one `Result` per measured (or refused) configuration, written and read back.
 
-`results.jsonl` holds one record per line; `pandas.read_json(path, lines=True)` loads it.
-The schema is documented in docs/results.md; bump SCHEMA_VERSION on any breaking change.
+`results.jsonl` holds one record per line; `pandas.read_json(path, lines=True)` loads it. Every reader
+(report, compare, history, sweep resumption) loads records with `load_records` and identifies a
+configuration by `Result.key` (a `ConfigKey`). The schema is documented in docs/results.md; records of
+every 1.x schema load. Bump SCHEMA_VERSION on any change of the fields.
 """
 
+import hashlib
 import json
 import os
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import NamedTuple
 
 from .errors import UsageError
 
-SCHEMA_VERSION = "1.5"
+SCHEMA_VERSION = "1.6"
 STATUSES = ("ok", "fail_accuracy", "unsupported", "failed", "timeout")
+REQUIRED = ("model", "backend", "precision", "batch_size", "threads", "status")
+# The scenario of records before schema 1.6: interleaved latency rounds ("key" is what identifies it).
+DEFAULT_SCENARIO = {"name": "latency", "key": "latency"}
+KEY_FIELDS = ("model", "task", "backend", "precision", "batch_size", "threads", "instances", "allocator", "shape",
+              "scenario", "dataset", "machine")
+
+
+class ConfigKey(NamedTuple):
+    """What makes two records measurements of the same configuration; the one identity every reader uses.
+
+    `shape` is the input shape without the batch (`input_size=224`, `seq_len=128,new_tokens=32`);
+    `machine` the hardware fingerprint (machine_fingerprint), not the hostname.
+    """
+
+    model: str
+    task: str
+    backend: str
+    precision: str
+    batch_size: int
+    threads: int
+    instances: int
+    allocator: str
+    shape: str
+    scenario: str
+    dataset: str
+    machine: str
+
+    def ignoring(self, names) -> "ConfigKey":
+        """The key with `names` set to "*", so configurations that differ only in them match."""
+        return self._replace(**{n: "*" for n in names})
+
+    @property
+    def setting(self) -> tuple:
+        """Everything but backend and precision: the configurations a speedup over eager fp32 compares."""
+        return tuple(v for k, v in zip(KEY_FIELDS, self, strict=True) if k not in ("backend", "precision"))
+
+    def __str__(self) -> str:
+        return " ".join(str(v) for v in self)
+
+
+def machine_fingerprint(env: dict | None) -> str | None:
+    """Identity of the hardware a record was measured on: CPU model, ISA, CPUs, NUMA nodes, architecture.
+
+    Not the hostname (CI runners and containers change names) and not the libraries (a nightly run compares
+    library builds on one machine). None when the record carries no environment.
+    """
+    if not (env or {}).get("cpu_model"):
+        return None
+    parts = [env["cpu_model"], env.get("arch"), env.get("logical_cpus"), env.get("numa_nodes"),
+             ",".join(env.get("isa") or [])]
+    return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:12]
+
+
+def machine_description(env: dict | None) -> str:
+    env = env or {}
+    return f"{env.get('cpu_model') or 'unknown CPU'}, {env.get('logical_cpus') or '?'} CPUs, {env.get('arch') or '?'}"
 
 
 def new_run_id() -> str:
@@ -51,19 +111,23 @@ class Result:
     metrics: dict = field(default_factory=dict)      # task extras, e.g. time to first token
     speedup_vs_eager_fp32: float | None = None       # only for status ok: a wrong answer is no speedup
     check: dict | None = None                        # outputs vs eager fp32, see checks.py
-    probe: dict | None = None                        # machine probe per round (machine_probe.py), when asked
-    turns: list | None = None                        # [passes, start (Unix s)] per turn, taking turns (turns.py)
+    probe: dict | None = None                        # machine probe per round (machine/probe.py), when asked
+    turns: list | None = None                        # [passes, start (Unix s)] per turn, taking turns (drivers/turns.py)
     strategy: str | None = None                      # how the backend ran it (the optimized backend chooses)
     warnings: list = field(default_factory=list)
     backend_info: dict = field(default_factory=dict)
     binding: dict = field(default_factory=dict)
+    contention: dict | None = None   # what other processes took of our cores while measuring (machine/contention.py)
     instances: int = 1                               # processes measured side by side (multi-instance)
     instance: dict | None = None                     # this record's place among them, or their aggregate
     point_id: str | None = None                      # the sweep point this record answers (for resuming)
+    scenario: dict = field(default_factory=lambda: dict(DEFAULT_SCENARIO))  # how it was driven (scenarios/)
+    dataset: str = "synthetic"                       # where its inputs came from (datasets/)
     env: dict = field(default_factory=dict)
     run_id: str = field(default_factory=new_run_id)
     timestamp: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
     schema_version: str = SCHEMA_VERSION
+    unknown: dict = field(default_factory=dict, repr=False)   # fields of a newer 1.x schema, kept as read
 
     def __post_init__(self):
         if self.status not in STATUSES:
@@ -82,8 +146,9 @@ class Result:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        d.pop("unknown")
         return {"schema_version": d.pop("schema_version"), "run_id": d.pop("run_id"),
-                "timestamp": d.pop("timestamp"), **d}
+                "timestamp": d.pop("timestamp"), **d, **self.unknown}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), default=str)
@@ -98,6 +163,68 @@ class Result:
 
     def to_frame(self):
         return self.to_series().to_frame().T
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "record") -> "Result":
+        """A record read back: any 1.x schema (fields it lacks take their defaults, fields this version does
+        not know are kept in `unknown` and written back as they were). `where` names it in errors."""
+        if not isinstance(d, dict):
+            raise UsageError(f"{where} is not a result record (a JSON {type(d).__name__}); "
+                             "accepted: lines written by aio-examples")
+        missing = [k for k in REQUIRED if k not in d]
+        if missing:
+            raise UsageError(f"{where} is not a result record (no {', '.join(missing)}); "
+                             "accepted: lines written by aio-examples")
+        if str(d.get("schema_version", "1.0")).split(".")[0] != SCHEMA_VERSION.split(".")[0]:
+            raise UsageError(f"{where} has schema {d['schema_version']!r}; accepted: {SCHEMA_VERSION.split('.')[0]}.x")
+        known = {f.name for f in fields(cls)} - {"unknown"}
+        values = {k: v for k, v in d.items() if k in known}
+        values.setdefault("task", "unknown")
+        values.setdefault("input_shape", {})
+        if "scenario" not in d:
+            values["scenario"] = _scenario_of_old(d)
+        try:
+            r = cls(**values)
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"{where} is not a valid result record ({exc})") from None
+        r.unknown = {k: v for k, v in d.items() if k not in known}
+        return r
+
+    @property
+    def machine(self) -> str | None:
+        """The hardware fingerprint of the environment it was measured in (None when it carries none)."""
+        return machine_fingerprint(self.env)
+
+    @property
+    def allocator(self) -> str:
+        return (self.env or {}).get("allocator") or "default"
+
+    @property
+    def shape_label(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in sorted((self.input_shape or {}).items()) if k != "batch_size")
+
+    @property
+    def is_instance(self) -> bool:
+        """One of several processes measured side by side (summarised by their aggregate record)."""
+        return (self.instance or {}).get("index") is not None
+
+    def key(self, machine: str | None = None) -> ConfigKey:
+        """This record's configuration; `machine` stands in for a record that carries no environment (a
+        point whose process died was measured where its run was)."""
+        return ConfigKey(self.model, self.task, self.backend, self.precision, self.batch_size, self.threads,
+                         self.instances, self.allocator, self.shape_label,
+                         (self.scenario or DEFAULT_SCENARIO).get("key") or "latency", self.dataset or "synthetic",
+                         self.machine or machine or "unknown")
+
+
+def _scenario_of_old(d: dict) -> dict:
+    """The scenario a record written before schema 1.6 was measured in, from the fields it carries."""
+    instance = d.get("instance") or {}
+    if instance:
+        return {"name": "window", "key": "window"}
+    if d.get("turns"):
+        return {"name": "latency", "key": "latency", "schedule": "turns"}
+    return dict(DEFAULT_SCENARIO)
 
 
 def check_output_dir(path) -> Path:
@@ -127,11 +254,9 @@ def append(out_dir: Path, result: Result) -> Path:
     return path
 
 
-def load(path, since: int = 0, require: tuple = ()) -> list[dict]:
+def read(path, since: int = 0) -> list[Result]:
     """Records of a results.jsonl file (or of `results.jsonl` inside a folder), from byte offset `since`.
-
-    `require`: fields every record must have; a record without one is an error naming the file and line.
-    """
+    A line that is not a record is an error naming the file and line."""
     path = Path(path)
     if path.is_dir():
         path = path / "results.jsonl"
@@ -139,23 +264,34 @@ def load(path, since: int = 0, require: tuple = ()) -> list[dict]:
     with open(path, "rb") as fh:
         fh.seek(since)
         for number, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    where = f"{path}:{number}" if not since else f"{path}, line {number} after byte {since},"
-                    raise UsageError(f"{where} is not a JSON record ({exc.msg})") from exc
-                missing = [k for k in require if not isinstance(records[-1], dict) or k not in records[-1]]
-                if missing:
-                    raise UsageError(f"{path}:{number} is not a result record (no {', '.join(missing)}); "
-                                     "accepted: lines written by aio-examples")
+            if not line.strip():
+                continue
+            where = f"{path}:{number}" if not since else f"{path}, line {number} after byte {since},"
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UsageError(f"{where} is not a JSON record ({exc.msg})") from exc
+            records.append(Result.from_dict(d, where))
     return records
 
 
-def records_in(out_dir, since: int = 0) -> list[dict]:
+def load_records(paths) -> list[Result]:
+    """Records of results.jsonl files or folders (a folder: every results.jsonl below it), in order."""
+    records = []
+    for p in map(Path, [paths] if isinstance(paths, (str, Path)) else paths):
+        files = sorted(p.rglob("results.jsonl")) if p.is_dir() else [p] if p.is_file() else []
+        if not files:
+            raise UsageError(f"{str(p)!r} is neither a results.jsonl file nor a folder holding one; "
+                             "accepted: result files or folders with them")
+        for f in files:
+            records.extend(read(f))
+    return records
+
+
+def records_in(out_dir, since: int = 0) -> list[Result]:
     """Records in `<out_dir>/results.jsonl` (from byte `since`); none while nothing has been written."""
     path = Path(out_dir) / "results.jsonl"
-    return load(path, since) if path.exists() else []
+    return read(path, since) if path.exists() else []
 
 
 def end_offset(out_dir) -> int:

@@ -8,60 +8,21 @@ of them were running, divided by that window; an average of per-instance figures
 instance. Per-instance latencies are kept in their own records.
 """
 
-import json
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import records as res
-from ..core.errors import UsageError
 from ..core.log import logger
 from ..core.paths import write_json_atomic
-from ..core.processes import Isolated, run_argv
+from ..core.processes import Isolated
 from ..machine.binding import plan, probe
+from ..measurement.scenarios.window import GO_FILE, ready_file
 from ..measurement.stats import summarize
+from .worker import run_argv
 
-GO_FILE = "go.json"
 START_DELAY_S = 0.5           # between "all ready" and the common start: every instance sees the go file
-
-
-@dataclass(frozen=True)
-class InstanceSync:
-    """A child's side of the start barrier."""
-
-    index: int
-    of: int
-    group: str
-    barrier: Path
-
-    @classmethod
-    def parse(cls, spec: str, barrier: str, group: str) -> "InstanceSync":
-        try:
-            index, of = (int(x) for x in spec.split("/"))
-        except ValueError:
-            index, of = -1, 0
-        if not 0 <= index < of:
-            raise UsageError(f"--instance {spec!r} is invalid; accepted: INDEX/COUNT with 0 <= INDEX < COUNT")
-        return cls(index, of, group, Path(barrier))
-
-    def describe(self) -> dict:
-        return {"index": self.index, "of": self.of, "group": self.group}
-
-    def ready(self) -> None:
-        (self.barrier / f"ready-{self.index}").touch()
-
-    def wait_go(self, timeout_s: float = 3600.0) -> int:
-        """Block until the driver publishes the common start time; return it (monotonic ns)."""
-        deadline = time.monotonic() + timeout_s
-        path = self.barrier / GO_FILE
-        while time.monotonic() < deadline:
-            try:
-                return int(json.loads(path.read_text())["start_ns"])
-            except (OSError, ValueError, KeyError):
-                time.sleep(0.01)
-        raise TimeoutError(f"no start signal in {timeout_s:.0f} s")
 
 
 def aggregate(instances: list[dict]) -> dict:
@@ -118,18 +79,18 @@ def run_throughput(model: str, backend: str, precision: str, batch_size: int, in
         raise
     finally:
         shutil.rmtree(barrier, ignore_errors=True)
-    records = [r for r in res.records_in(out) if r.get("instance") and r["instance"].get("group") == group]
-    records.sort(key=lambda r: r["instance"]["index"])
+    records = [r for r in res.records_in(out) if r.instance and r.instance.get("group") == group]
+    records.sort(key=lambda r: r.instance["index"])
     agg = _aggregate_record(spec, point, shape, instances, cpu_sets, bindings, records, group, failure)
     res.append(out, agg)
-    return [*records, agg.to_dict()]
+    return [*records, agg]
 
 
 def _wait_ready(children, barrier: Path, timeout_s: float):
     """Wait until every instance has warmed up; a child that dies first ends the run (killing the rest)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if all((barrier / f"ready-{i}").exists() for i in range(len(children))):
+        if all(ready_file(barrier, i).exists() for i in range(len(children))):
             return None
         for i, c in enumerate(children):
             if c.proc.poll() is not None:
@@ -150,28 +111,28 @@ def _aggregate_record(spec, point, shape, instances, cpu_sets, bindings, records
                               spec.shape(**shape), instances=instances, point_id=f"{group}-aggregate",
                               warnings=[w for b in bindings for w in b.warnings])
     r.instance = {"aggregate": True, "group": group, "layout": layout}
-    not_ok = [x for x in records if x["status"] != "ok"]
+    r.scenario = {"name": "window", "key": "window"}
+    not_ok = [x for x in records if x.status != "ok"]
     if not_ok:         # an instance's own answer (e.g. unsupported) says more than how its process ended
-        failure = (not_ok[0]["status"], f"instance {not_ok[0]['instance']['index']}: {not_ok[0]['reason']}")
+        failure = (not_ok[0].status, f"instance {not_ok[0].instance['index']}: {not_ok[0].reason}")
     elif failure is None and len(records) != instances:
         failure = ("failed", f"{len(records)} of {instances} instances wrote a record")
     if failure is not None:
         r.status, r.reason = failure
         logger.warning("throughput: %s", r.reason)
         return r
-    agg = aggregate([x["instance"] for x in records])
-    unit = records[0]["throughput"]["unit"]
+    agg = aggregate([x.instance for x in records])
+    unit = records[0].throughput["unit"]
     r.throughput = {"value": agg["throughput"], "unit": unit}
     r.instance.update({"window_s": agg["window_s"], "work_in_window": agg["work"]})
     for entry, x, per in zip(layout, records, agg["per_instance"]):
-        entry.update({"median_ms": x["latency_ms"]["median"], "throughput": per,
-                      "observed_cores": x["binding"].get("observed_cores")})
-    pooled = [s for x in records for s in x["samples_ms"]]
+        entry.update({"median_ms": x.median_ms, "throughput": per, "observed_cores": x.binding.get("observed_cores"),
+                      "contention": (x.contention or {}).get("busy_elsewhere_cores")})
+    pooled = [s for x in records for s in x.samples_ms]
     r.latency_ms = summarize(pooled).to_dict() if pooled else None
-    r.env = records[0].get("env", {})
-    strategies = {x.get("strategy") for x in records}
+    r.env = records[0].env
+    strategies = {x.strategy for x in records}
     r.strategy = strategies.pop() if len(strategies) == 1 else "mixed: " + ", ".join(sorted(map(str, strategies)))
-    r.metrics = {k: records[0]["metrics"][k] for k in ("flops_per_pass", "units_per_pass")
-                 if k in (records[0].get("metrics") or {})}
-    r.check = {"passed": all(x["check"]["passed"] for x in records if x.get("check"))}
+    r.metrics = {k: records[0].metrics[k] for k in ("flops_per_pass", "units_per_pass") if k in records[0].metrics}
+    r.check = {"passed": all(x.check["passed"] for x in records if x.check)}
     return r

@@ -3,7 +3,7 @@
 Each (model, backend) runs in its own process at the model's small smoke shape with a few passes;
 a process that crashes or hangs is retried one precision at a time, and a cell that still dies gets
 a `failed`/`timeout` record with the signal and the last stderr line. Cells already in the output
-are skipped, so an interrupted matrix resumes. The Markdown rendering goes into the README.
+are skipped, so an interrupted matrix resumes. The Markdown rendering goes into docs/backends.md.
 """
 
 import re
@@ -11,16 +11,17 @@ from pathlib import Path
 
 from ..core import records as res
 from ..core.log import logger
-from ..core.processes import run_argv, run_isolated
+from ..core.processes import run_isolated
+from .worker import record_failure, run_argv
 
-README_START = "<!-- support-matrix:start (aio-examples matrix --readme README.md) -->"
+README_START = "<!-- support-matrix:start (aio-examples matrix --readme docs/backends.md) -->"
 README_END = "<!-- support-matrix:end -->"
 MARKS = {"ok": "ok", "fail_accuracy": "FAIL acc", "unsupported": "n/a", "failed": "failed", "timeout": "timeout"}
 
 
 def _cells(out_dir: Path) -> dict:
     """Latest record per (model, backend, precision) in a matrix folder."""
-    return {(r["model"], r["backend"], r["precision"]): r for r in res.records_in(out_dir)}
+    return {(r.model, r.backend, r.precision): r for r in res.records_in(out_dir)}
 
 
 def run_matrix(models, backends, precisions, out_dir: Path, threads: int | None, point_timeout_s: float,
@@ -52,9 +53,7 @@ def run_matrix(models, backends, precisions, out_dir: Path, threads: int | None,
 
 def _record_crash(out_dir, spec, backend, precision, threads, outcome) -> None:
     status = "timeout" if outcome.timed_out else "failed"
-    logger.warning("matrix: %s/%s/%s %s: %s", spec.name, backend, precision, status, outcome.reason)
-    res.append(out_dir, res.Result.for_config(spec, backend, precision, 1, threads or 0, spec.smoke_shape(),
-                                              status=status, reason=outcome.reason))
+    record_failure(out_dir, spec, backend, precision, 1, threads or 0, spec.smoke_shape(), status, outcome.reason)
 
 
 def render(out_dir: Path, models, backends, precisions) -> str:
@@ -72,14 +71,14 @@ def render(out_dir: Path, models, backends, precisions) -> str:
                 if r is None:
                     row.append("-")
                     continue
-                mark = MARKS.get(r["status"], r["status"])
-                if r["status"] != "ok" and r.get("reason"):
+                mark = MARKS.get(r.status, r.status)
+                if r.status != "ok" and r.reason:
                     # Node names differ from model to model; the reason does not.
-                    reason = re.sub(r" in node \([^)]*\)", "", r["reason"])
+                    reason = re.sub(r" in node \([^)]*\)", "", r.reason)
                     number = notes.setdefault(reason, len(notes) + 1)
                     mark += f" [{number}]"
-                elif r["status"] == "ok" and r.get("strategy") and r["strategy"] != backend:
-                    mark += f" ({r['strategy']})"
+                elif r.status == "ok" and r.strategy and r.strategy != backend:
+                    mark += f" ({r.strategy})"
                 row.append(mark)
             lines.append(f"| {model} | " + " | ".join(row) + " |")
         parts.append("\n".join(lines))
@@ -87,7 +86,7 @@ def render(out_dir: Path, models, backends, precisions) -> str:
               "strategy it chose is in brackets); `n/a`: unsupported, for the reason given; "
               "`FAIL acc`: runs but its outputs are outside the tolerance; `-`: not run.")
     reasons = "\n".join(f"{n}. {reason}" for reason, n in notes.items())
-    env = next((r["env"] for r in cells.values() if r.get("env")), {})
+    env = next((r.env for r in cells.values() if r.env), {})
     versions = env.get("versions") or {}
     machine = (f"Measured on {env.get('cpu_model', 'an unknown CPU')} "
                f"(ISA: {', '.join(i for i in env.get('isa', []) if i.startswith(('avx512', 'amx')) or i == 'avx2')}) with "

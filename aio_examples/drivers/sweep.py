@@ -1,10 +1,10 @@
 """Sweeps: every point (model x backend x precision x batch x threads x allocator) in its own process.
 
 Each point starts fresh so its thread settings are in place before torch starts, bound to its cores
-(see binding.py), under a timeout; a point that crashes, hangs or fails still gets a record saying
+(see machine/binding.py), under a timeout; a point that crashes, hangs or fails still gets a record saying
 why, and the sweep goes on. Records are appended point by point, so a rerun into the same output
 resumes: points that already have a record are skipped. Exports, OpenVINO IR and the optimized
-backend's tuning decisions are cached on disk (artifacts.py), so later points reuse them.
+backend's tuning decisions are cached on disk (backends/artifacts.py), so later points reuse them.
 """
 
 import hashlib
@@ -21,12 +21,13 @@ from pathlib import Path
 from ..core import records as res
 from ..core.errors import UnsupportedError, UsageError
 from ..core.log import logger
-from ..core.processes import run_argv, run_isolated
+from ..core.processes import run_isolated
 from ..machine import allocators
 from ..machine.binding import plan, probe
 from ..machine.topology import numa_cpus_from_env, read_topology
 from ..measurement.timing import ORDER_SEED, ROUND_GAP_S, ROUND_S
 from .turns import Taker
+from .worker import record_failure, run_argv
 
 SHAPE_KEYS = ("input_size", "seq_len", "new_tokens")
 
@@ -74,11 +75,11 @@ class SweepConfig:
     output: str = "results/sweep"
     # Each point measured this many times, each in its own process, the rounds one after another. A process
     # has its own memory layout and placement, which moves its timings by a percent or more; repeats let a
-    # comparison see that spread (compare.py) instead of mistaking it for a change.
+    # comparison see that spread (analysis/compare.py) instead of mistaking it for a change.
     repeats: int = 1
-    # Every point also reads the machine after each round (machine_probe.py), for compare.
+    # Every point also reads the machine after each round (machine/probe.py), for compare.
     probe: bool = False
-    # Up to this many points' processes alive at once, taking one-second turns (turns.py); 1: one after another.
+    # Up to this many points' processes alive at once, taking one-second turns (drivers/turns.py); 1: one after another.
     interleave: int = 1
 
     def __post_init__(self):
@@ -169,7 +170,7 @@ class SweepSummary:
 
 
 def finished_points(out: Path) -> set[str]:
-    return {r["point_id"] for r in res.records_in(out) if r.get("point_id")}
+    return {r.point_id for r in res.records_in(out) if r.point_id}
 
 
 def point_env(point: Point, binding, base=None) -> dict:
@@ -211,9 +212,9 @@ def launch_of(point: Point, cfg: SweepConfig, out: Path, topology, numa_cpus=Non
 
 def status_of(launch: Launch, out: Path, start: int, outcome) -> str:
     """The status the point's process recorded (read from offset `start`), or a record of how it ended."""
-    written = [r for r in res.records_in(out, start) if r.get("point_id") == launch.point.point_id]
+    written = [r for r in res.records_in(out, start) if r.point_id == launch.point.point_id]
     if written:
-        return written[-1]["status"]
+        return written[-1].status
     status = "timeout" if outcome.timed_out else "failed"
     return _record(out, launch.point, launch.spec, status, outcome.reason, launch.binding)
 
@@ -229,7 +230,7 @@ def run_point(point: Point, cfg: SweepConfig, out: Path, topology, numa_cpus=Non
 
 
 def run_taking_turns(points: list[Point], cfg: SweepConfig, out: Path, topology, numa_cpus=None):
-    """Run `points` up to cfg.interleave at a time, their processes taking turns (turns.py); yield each
+    """Run `points` up to cfg.interleave at a time, their processes taking turns (drivers/turns.py); yield each
     point's status as its record is written. A group also stops growing while the memory left is less than
     what its largest process holds (plus a margin), so a machine smaller than the setting still runs. Ctrl-C
     stops every process that is measuring, so it writes what it has, then stops the sweep."""
@@ -284,14 +285,8 @@ def _stop_taker(taker: Taker, cfg: SweepConfig, out: Path) -> str:
 
 
 def _record(out, point: Point, spec, status: str, reason: str, binding) -> str:
-    r = res.Result.for_config(spec, point.backend, point.precision, point.batch_size, point.threads,
-                              spec.shape(**dict(point.shape)), status=status, reason=reason,
-                              binding={"method": binding.method, "cores": list(binding.cores),
-                                       "membind": list(binding.membind) if binding.membind else None},
-                              warnings=list(binding.warnings), point_id=point.point_id)
-    r.env = {"allocator": point.allocator}
-    res.append(out, r)
-    logger.warning("sweep: %s %s: %s", point.label, status, reason)
+    record_failure(out, spec, point.backend, point.precision, point.batch_size, point.threads,
+                   spec.shape(**dict(point.shape)), status, reason, binding, point.point_id, point.allocator)
     return status
 
 
@@ -334,10 +329,10 @@ def run_sweep(cfg: SweepConfig, quiet: bool = False) -> SweepSummary:
     finally:
         bar.close()
     ids = {p.point_id for p in todo}
-    mine = [r for r in res.records_in(out) if r.get("point_id") in ids]
+    mine = [r for r in res.records_in(out) if r.point_id in ids]
     summary = SweepSummary(len(points), len(points) - len(todo), statuses,
-                           sum(r.get("prepare_s") or 0 for r in mine),
-                           sum((r.get("warmup") or {}).get("seconds") or 0 for r in mine),
-                           sum(r.get("measured_s") or 0 for r in mine),
+                           sum(r.prepare_s or 0 for r in mine),
+                           sum((r.warmup or {}).get("seconds") or 0 for r in mine),
+                           sum(r.measured_s or 0 for r in mine),
                            time.perf_counter() - start, interrupted)
     return summary

@@ -2,7 +2,7 @@
 
 A run that measures each point in one stretch of seconds sees the machine in one state, and on a shared
 virtual machine that state lasts seconds to minutes and moves a 2-thread point by tens of percent (see
-machine_probe.py). Repeating the point in more processes samples more states, but every process pays for
+machine/probe.py). Repeating the point in more processes samples more states, but every process pays for
 its start, its preparation and its warm-up again. Taking turns pays for them once: up to `interleave`
 points are started and warmed up one after another, then the sweep hands out one-second turns, a new
 shuffled order every cycle, so each point's passes come from states spread over the whole stretch, while
@@ -17,34 +17,7 @@ import os
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
-from ..core.errors import UsageError
-
-READY, GO, DONE, STOP = "ready", "go", "done", "stop"
-
-
-class Turns:
-    """A point's side: told by the sweep that started it when to measure."""
-
-    def __init__(self, spec: str):
-        try:
-            read_fd, write_fd = (int(x) for x in spec.split(","))
-        except ValueError:
-            raise UsageError(f"--turns {spec!r} is invalid; accepted: READ_FD,WRITE_FD (set by a sweep)") from None
-        self._in = Connection(read_fd, writable=False)
-        self._out = Connection(write_fd, readable=False)
-
-    def ready(self) -> None:
-        self._out.send(READY)
-
-    def wait(self) -> bool:
-        """Block until the sweep says go (True) or stop (False; also if the sweep is gone)."""
-        try:
-            return self._in.recv() == GO
-        except (EOFError, OSError):
-            return False
-
-    def done(self) -> None:
-        self._out.send(DONE)
+from ..measurement.scenarios.turns import DONE, GO, READY, STOP
 
 
 @dataclass

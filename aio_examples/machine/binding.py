@@ -14,6 +14,7 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 
 from ..core.errors import UsageError
+from .threads import thread_env
 from .topology import Topology
 
 BINDING_ENV = "AIO_BINDING"
@@ -50,7 +51,7 @@ class Binding:
 
     def child_env(self, threads: int) -> dict:
         """Thread and binding variables for the child, in place before it imports torch."""
-        return {"OMP_NUM_THREADS": str(threads), "AIO_NUM_THREADS": str(threads),
+        return {**thread_env(threads),
                 "AIO_NUMA_CPUS": " ".join(str(c) for c in self.cores),
                 "OPENBLAS_NUM_THREADS": "1",      # numpy's own pool would compete with the measured one
                 BINDING_ENV: json.dumps(self.to_dict())}

@@ -1,7 +1,6 @@
 """The machine and software a result was measured on, captured once per process."""
 
 import functools
-import hashlib
 import importlib.metadata
 import os
 import platform
@@ -82,21 +81,3 @@ def capture(extra: dict | None = None) -> dict:
     env["allocator"] = allocators.in_use()
     env.update(extra or {})
     return env
-
-
-def machine_fingerprint(env: dict) -> str | None:
-    """Identity of the hardware a record was measured on: CPU model, ISA, CPUs, NUMA nodes, architecture.
-
-    Not the hostname (CI runners and containers change names) and not the libraries (a nightly run compares
-    library builds on one machine). None when the record carries no environment.
-    """
-    if not (env or {}).get("cpu_model"):
-        return None
-    parts = [env["cpu_model"], env.get("arch"), env.get("logical_cpus"), env.get("numa_nodes"),
-             ",".join(env.get("isa") or [])]
-    return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:12]
-
-
-def machine_description(env: dict) -> str:
-    env = env or {}
-    return f"{env.get('cpu_model') or 'unknown CPU'}, {env.get('logical_cpus') or '?'} CPUs, {env.get('arch') or '?'}"

@@ -14,6 +14,7 @@ import time
 from ..core.paths import cache_dir, write_json_atomic
 from ..core.processes import run_isolated
 from .environment import capture
+from .threads import thread_env
 
 PEAK_PRECISIONS = ("fp32", "bf16")
 SIZE = 2048                    # large enough to be compute bound, small enough to take ~0.1 s a pass
@@ -54,8 +55,8 @@ def measure_peaks(precisions, threads_list, timeout_s: float = 300.0) -> dict:
     table = cached() or {"fingerprint": fingerprint(), "peaks": {}}
     for precision in precisions:
         for threads in threads_list:
-            env = {**os.environ, "OMP_NUM_THREADS": str(threads), "AIO_NUM_THREADS": str(threads)}
-            outcome = run_isolated(["-m", "aio_examples.peak", precision, str(threads), str(part)], timeout_s, env=env)
+            env = {**os.environ, **thread_env(threads)}
+            outcome = run_isolated(["-m", "aio_examples.machine.peak", precision, str(threads), str(part)], timeout_s, env=env)
             try:
                 engines = json.loads(part.read_text())
                 part.unlink()

@@ -54,11 +54,14 @@ def resolve_threads(cli_value=None, environ=None, topology: Topology | None = No
     return choice
 
 
+def thread_env(threads: int) -> dict:
+    """The variables thread pools read at start-up (OpenMP's, and ours so a child resolves the same count)."""
+    return {"OMP_NUM_THREADS": str(threads), "AIO_NUM_THREADS": str(threads)}
+
+
 def export_thread_env(threads: int, environ=None) -> None:
     """Set the env vars thread pools read at start-up; call before importing torch where possible."""
-    environ = os.environ if environ is None else environ
-    environ["OMP_NUM_THREADS"] = str(threads)
-    environ["AIO_NUM_THREADS"] = str(threads)
+    (os.environ if environ is None else environ).update(thread_env(threads))
 
 
 def apply_threads(threads: int) -> int:

@@ -57,7 +57,7 @@ class Check:
                               "agreement_min": AGREEMENT_MIN[self.precision]}}
 
 
-def compare(task: str, reference, output, precision: str, judge_agreement: bool) -> Check:
+def check_outputs(task: str, reference, output, precision: str, judge_agreement: bool) -> Check:
     """Compare `output` with the eager fp32 `reference` (both as returned by one pass)."""
     ref, out = flatten(reference), flatten(output)
     metrics: dict = {}

@@ -14,11 +14,14 @@ from ..core import precision as prec
 from ..core import records as res
 from ..core.errors import UnsupportedError, UsageError
 from ..core.log import logger
+from ..datasets import DEFAULT_DATASET, Dataset, get_dataset
+from ..machine.contention import CONTENDED_CORES
 from ..machine.environment import capture
 from ..machine.threads import ThreadChoice, apply_threads
 from ..models import ModelSpec, file_sha256
-from .output_check import compare
-from .timing import Measurement, StopRule, measure
+from .output_check import check_outputs
+from .scenarios import LatencyScenario, Scenario
+from .timing import Measurement, StopRule, time_passes
 
 # Messages of errors that mean "this build cannot do that", not "something broke".
 _UNSUPPORTED_MARKERS = ("not implemented for", "Unsupported", "not supported", "NotImplementedError")
@@ -39,10 +42,10 @@ class RunRequest:
     rule: StopRule = field(default_factory=StopRule)
     module: object = None            # a user's own module (then spec is a CustomModel)
     example_inputs: tuple | None = None
-    instance: object = None          # an InstanceSync: one of several processes measured side by side
+    scenario: Scenario = field(default_factory=LatencyScenario)   # how the prepared configurations are driven
+    dataset: Dataset = field(default_factory=lambda: get_dataset(DEFAULT_DATASET))   # where the inputs come from
     point_id: str | None = None      # the sweep point this run answers
-    probe: bool = False              # measure the machine probe after every round (machine_probe.py)
-    turns: object = None             # a turns.Turns: measure a round whenever the sweep says (turns.py)
+    probe: bool = False              # measure the machine probe after every round (machine/probe.py)
     flops_per_pass: int | None = None  # filled by run(): FLOPs of one pass (zoo models), for % of machine peak
 
     def __post_init__(self):
@@ -98,13 +101,14 @@ def run(req: RunRequest, out_dir: Path | None = None, run_id: str | None = None,
     threads_in_effect = apply_threads(req.threads.threads)
     module = req.module if req.module is not None else req.spec.build(req.weights, req.model_dir, req.shape)
     module.eval()
-    inputs = req.example_inputs or req.spec.example_inputs(req.batch_size, req.shape, module)
+    inputs = req.example_inputs or req.dataset.example_inputs(req.spec, req.batch_size, req.shape, module)
     weights, weights_path = _weights_label(req)
     ctx = PrepareContext(
         model_name=req.spec.name, task=req.spec.task, family=req.spec.family, shape=dict(req.shape),
         batch_size=req.batch_size, weights_id=weights_digest(module),
         calibration=(lambda n: [inputs] * n) if req.module is not None
-        else lambda n: req.spec.calibration_inputs(req.batch_size, req.shape, module, n))
+        else lambda n: req.dataset.calibration_inputs(req.spec, req.batch_size, req.shape, module, n),
+        time_passes=time_passes)
     env = capture({**torchvision_status()})
     binding = {"threads_in_effect": threads_in_effect, "threads_requested": req.threads.threads,
                "threads_source": req.threads.source, "interop_threads": torch.get_num_interop_threads(),
@@ -135,8 +139,8 @@ def run(req: RunRequest, out_dir: Path | None = None, run_id: str | None = None,
             input_shape=req.spec.input_shape(req.batch_size, req.shape), weights=weights, weights_path=weights_path,
             confidence_target={"ci_rel_halfwidth": req.rule.ci_target, "confidence": req.rule.confidence},
             binding=dict(binding), env=env, run_id=run_id, warnings=list(binding_warnings),
-            point_id=req.point_id, instances=req.instance.of if req.instance else 1,
-            instance=req.instance.describe() if req.instance else None)
+            point_id=req.point_id, instances=req.scenario.instances, instance=req.scenario.instance(),
+            scenario=req.scenario.record(), dataset=req.dataset.name)
         cand = _Candidate(backend_name, precision, result)
         candidates.append(cand)
         _prepare(cand, req, module, inputs, ctx)
@@ -148,11 +152,7 @@ def run(req: RunRequest, out_dir: Path | None = None, run_id: str | None = None,
     interrupted = False
     try:
         with torch.no_grad():
-            if req.instance is not None:
-                _measure_instance(active, req)
-            else:
-                measure([c.measurement for c in active], on_error=_fail_measurement, probe=_probe(req),
-                        turns=req.turns)
+            req.scenario.measure([c.measurement for c in active], _fail_measurement, _probe(req), req.rule.timeout_s)
     except KeyboardInterrupt:
         interrupted = True     # keep what was measured: write it, then stop
         for cand in active:
@@ -168,29 +168,6 @@ def run(req: RunRequest, out_dir: Path | None = None, run_id: str | None = None,
     if interrupted:
         raise KeyboardInterrupt
     return [c.result for c in candidates]
-
-
-def _measure_instance(active: list[_Candidate], req: RunRequest) -> None:
-    """Warm up, tell the driver we are ready, then measure the window every instance shares."""
-    sync = req.instance
-    if len(active) != 1:       # refused by its backend (recorded as such), or asked for more than one
-        sync.ready()
-        if len(active) > 1:
-            raise UsageError("a throughput instance measures exactly one backend at one precision")
-        return
-    cand = active[0]
-    m = cand.measurement
-    try:
-        m.warm_up()
-        sync.ready()
-        start_ns = sync.wait_go()
-        ends = m.run_window(start_ns, req.rule.timeout_s)
-    except Exception as exc:  # noqa: BLE001  (recorded as this instance's failure)
-        _fail_measurement(m, exc)
-        sync.ready()          # never leave the driver waiting for a failed instance
-        return
-    cand.result.instance.update({"cores": cand.result.binding.get("cores"), "window_start_ns": start_ns,
-                                 "pass_ends_ns": ends, "task_size": req.spec.task_size(req.batch_size, req.shape)})
 
 
 def _probe(req: RunRequest):
@@ -258,7 +235,7 @@ def _check(cand: _Candidate, req: RunRequest, reference_output, weights: str) ->
     m, r = cand.measurement, cand.result
     if r.status != "ok" or m.first_output is None:
         return
-    check = compare(req.spec.task, reference_output, m.first_output, cand.precision,
+    check = check_outputs(req.spec.task, reference_output, m.first_output, cand.precision,
                     judge_agreement=weights != "random")
     r.check = check.to_dict()
     if not check.passed:
@@ -292,13 +269,13 @@ def _fill(cand: _Candidate, req: RunRequest) -> None:
         from ..machine.probe import MachineProbe
 
         r.probe = {"workload": MachineProbe.name, "reference": MachineProbe.reference, "rounds": m.rounds}
-    if req.turns is not None:
-        r.turns = [[r[0], t] for r, t in zip(m.rounds, m.turn_starts, strict=True)]
+    req.scenario.annotate(r, m, req.spec.task_size(req.batch_size, req.shape))
     r.peak_rss_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     r.metrics["units_per_pass"] = req.spec.task_size(req.batch_size, req.shape)
     if req.flops_per_pass:
         r.metrics["flops_per_pass"] = req.flops_per_pass
     _observed_cores(m, r)
+    _contention(m, r)
     for name, values in m.extra_ns.items():
         r.metrics[f"{name}_ms"] = res_summary(values)
 
@@ -315,6 +292,17 @@ def _observed_cores(m: Measurement, r: res.Result) -> None:
     if cores > r.threads + _CORES_SLACK:
         r.warnings.append(f"{r.backend} kept {cores:.2f} cores busy with {r.threads} thread(s) requested: "
                           "it does not respect the thread setting")
+        logger.warning("%s/%s: %s", r.backend, r.precision, r.warnings[-1])
+
+
+def _contention(m: Measurement, r: res.Result) -> None:
+    busy = m.contention
+    if busy is None:
+        return
+    r.contention = {"busy_elsewhere_cores": round(busy, 2), "threshold_cores": CONTENDED_CORES}
+    if busy > CONTENDED_CORES:
+        r.warnings.append(f"other processes kept {busy:.2f} of this run's cores busy while it measured: "
+                          "its timings are not representative")
         logger.warning("%s/%s: %s", r.backend, r.precision, r.warnings[-1])
 
 

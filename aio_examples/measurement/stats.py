@@ -221,11 +221,11 @@ def change_spread(log_changes) -> tuple[float, float]:
 
 MIN_PROBE_POINTS = 8     # points (rounds or blocks, over both sides) before a machine slope is estimated
 MAX_MACHINE_SLOPE = 2.0  # a model waits at most this much more than a machine reading for the same machine move
-PROBE, REFERENCE = 1, 2  # columns of a round: [passes, hand-over probe ms, machine reference ms] (machine_probe.py)
+PROBE, REFERENCE = 1, 2  # columns of a round: [passes, hand-over probe ms, machine reference ms] (machine/probe.py)
 
 
 def machine_slope(sides, column: int = PROBE, block: int = 1) -> tuple[float, float]:
-    """How much a configuration's log latency moves with a machine reading's log time (machine_probe.py).
+    """How much a configuration's log latency moves with a machine reading's log time (machine/probe.py).
 
     `sides`: per run, the processes as (passes, rounds) with rounds [[passes in the round, probe ms,
     reference ms], ...]; `column` picks the reading. Each `block` consecutive rounds of a process give a

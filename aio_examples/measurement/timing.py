@@ -7,11 +7,13 @@ every output is touched inside the timed region so nothing lazy escapes the cloc
 import functools
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..core.errors import UsageError
+from ..machine import contention as others  # `contention` names a Measurement property
 from .stats import Summary, summarize
 
 
@@ -70,10 +72,12 @@ class Measurement:
     stop_reason: str | None = None
     error: tuple | None = None                     # (status, reason) when a pass raised
     first_output: object = None                    # what the first pass returned, for output checks
-    rounds: list = field(default_factory=list)     # [passes, probe ms, reference ms] per round (machine_probe.py)
+    rounds: list = field(default_factory=list)     # [passes, probe ms, reference ms] per round (machine/probe.py)
     turn_starts: list = field(default_factory=list)  # when each turn began (Unix s), taking turns
     cpu_ns: int = 0                                # process CPU time during measured rounds ...
     wall_ns: int = 0                               # ... and their wall time: cores actually used
+    elsewhere_s: float = 0.0                       # core-seconds other processes took of our cores then ...
+    elsewhere_wall_s: float = 0.0                  # ... over this wall time (machine/contention.py)
     _summary: Summary | None = None
 
     def _pass(self, keep: bool = False) -> int:
@@ -111,6 +115,16 @@ class Measurement:
         return self.cpu_ns / self.wall_ns if self.wall_ns else None
 
     @property
+    def contention(self) -> float | None:
+        """How many of our cores other processes kept busy, on average, over the measured rounds."""
+        return max(0.0, self.elsewhere_s / self.elsewhere_wall_s) if self.elsewhere_wall_s else None
+
+    def _add_contention(self, before: others.Snapshot) -> None:
+        after = others.snapshot()
+        self.elsewhere_s += others.elsewhere_s(before, after)
+        self.elsewhere_wall_s += after.wall_s - before.wall_s
+
+    @property
     def done(self) -> bool:
         return self.stop_reason is not None
 
@@ -141,12 +155,14 @@ class Measurement:
             time.sleep(min(wait / 1e9, 0.005))
         end_ns = start_ns + int(seconds * 1e9)
         ends = []
+        busy0 = others.snapshot()
         cpu0, wall0 = time.process_time_ns(), time.perf_counter_ns()
         while not ends or ends[-1] < end_ns:
             self.samples_ns.append(self._pass())
             ends.append(time.monotonic_ns())
         self.cpu_ns += time.process_time_ns() - cpu0
         self.wall_ns += time.perf_counter_ns() - wall0
+        self._add_contention(busy0)
         self.measured_s = (ends[-1] - start_ns) / 1e9
         self.stop_reason = "window"
         return ends
@@ -155,6 +171,7 @@ class Measurement:
         """Measure passes for up to `seconds` (used alone, or in interleaved rounds); without `stop_rule`
         only the seconds end it (the sweep that hands out turns decides when the measurement is over)."""
         start = last = time.perf_counter()
+        busy0 = others.snapshot()
         cpu0, wall0 = time.process_time_ns(), time.perf_counter_ns()
         while not self.done:
             self.samples_ns.append(self._pass())
@@ -170,6 +187,7 @@ class Measurement:
                 break
         self.cpu_ns += time.process_time_ns() - cpu0
         self.wall_ns += time.perf_counter_ns() - wall0
+        self._add_contention(busy0)
 
 
 ROUND_S = 1.0             # one round of passes (interleaved backends, the probe's rhythm, a sweep's turn)
@@ -177,34 +195,32 @@ ROUND_GAP_S = 0.05
 ORDER_SEED = 1234567      # fixed: the same sequence of round orders in every run
 
 
-def measure(measurements: list[Measurement], round_s: float = ROUND_S, on_error=None, probe=None,
-            turns=None) -> None:
+def guarded(m: Measurement, step, on_error=None) -> None:
+    """Run one step of a measurement; a pass that raises ends that measurement only (`on_error` is told)."""
+    try:
+        step()
+    except Exception as exc:
+        m.stop_reason = "error"
+        if on_error is None:
+            raise
+        on_error(m, exc)
+
+
+def warm_up(measurements: list[Measurement], on_error=None) -> None:
+    for m in measurements:
+        if m.first_pass_ms is None:
+            guarded(m, m.warm_up, on_error)
+
+
+def measure(measurements: list[Measurement], round_s: float = ROUND_S, on_error=None, probe=None) -> None:
     """Measure several pass functions in interleaved rounds (A B C, C A B, ...) so drift hits all alike.
 
-    A single measurement simply runs to its end, unless a `probe` (machine_probe.MachineProbe) is given:
+    A single measurement simply runs to its end, unless a `probe` (machine/probe.py MachineProbe) is given:
     then every measurement runs in rounds, and after each of its rounds the probe's readings are recorded
     beside the round's pass count (`Measurement.rounds`). A pass that raises ends that measurement only:
     `on_error(measurement, exc)` is told, the others go on.
-
-    With `turns` (turns.Turns: this process is one of several points of a sweep taking turns on the
-    machine), the one measurement runs a round whenever the sweep says so, until it says stop; each round
-    is recorded in `rounds` (with the probe's reading, or None without a probe).
     """
-    def guarded(m: Measurement, step) -> None:
-        try:
-            step()
-        except Exception as exc:
-            m.stop_reason = "error"
-            if on_error is None:
-                raise
-            on_error(m, exc)
-
-    for m in measurements:
-        if m.first_pass_ms is None:
-            guarded(m, m.warm_up)
-    if turns is not None:
-        _measure_in_turns(measurements, round_s, turns, guarded, probe)
-        return
+    warm_up(measurements, on_error)
     rounds = len(measurements) > 1 or probe is not None
     seconds = round_s if rounds else float("inf")
     shuffle = random.Random(ORDER_SEED).shuffle
@@ -217,7 +233,7 @@ def measure(measurements: list[Measurement], round_s: float = ROUND_S, on_error=
         for m in order:
             if not m.done:
                 before = len(m.samples_ns)
-                guarded(m, functools.partial(m.run_for, seconds))
+                guarded(m, functools.partial(m.run_for, seconds), on_error)
                 if rounds:
                     time.sleep(ROUND_GAP_S)
                 if probe is not None and len(m.samples_ns) > before:
@@ -226,20 +242,19 @@ def measure(measurements: list[Measurement], round_s: float = ROUND_S, on_error=
         shuffle(order)
 
 
-def _measure_in_turns(measurements: list[Measurement], round_s: float, turns, guarded, probe) -> None:
-    if len(measurements) != 1:
-        raise UsageError("a process taking turns measures exactly one backend at one precision")
-    m = measurements[0]
-    turns.ready()
-    while turns.wait():
-        if not m.done:      # a failed pass ends the measurement; the turns are still answered
-            before, started = len(m.samples_ns), round(time.time(), 3)
-            guarded(m, functools.partial(m.run_for, round_s, stop_rule=False))
-            time.sleep(ROUND_GAP_S)
-            if len(m.samples_ns) > before:
-                m.rounds.append([len(m.samples_ns) - before, *(probe.slice() if probe is not None else [None])])
-                m.turn_starts.append(started)
-                time.sleep(ROUND_GAP_S)
-        turns.done()
-    if not m.done:
-        m.stop_reason = "turns"
+TUNING_ROUND_S = 0.5
+TUNING_TIMEOUT_S = 6.0
+
+
+def time_passes(passes: dict[str, Callable[[], object]]) -> dict[str, float]:
+    """Time named pass functions alike, in interleaved rounds, for a backend choosing among them (the
+    optimized backend's tuner, handed this through PrepareContext): the median ms of each that ran. One
+    whose pass raises is left out."""
+    rule = StopRule(timeout_s=TUNING_TIMEOUT_S, min_time_s=1.0, min_runs=5, ci_target=0.02)
+    measurements = {name: Measurement(fn, rule) for name, fn in passes.items()}
+    measure(list(measurements.values()), round_s=TUNING_ROUND_S, on_error=_left_out)
+    return {name: m.summary().median for name, m in measurements.items() if m.samples_ns and not m.error}
+
+
+def _left_out(m: Measurement, exc: BaseException) -> None:
+    m.error = (type(exc).__name__, str(exc))

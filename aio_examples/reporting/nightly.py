@@ -7,20 +7,21 @@ is given. The run is stored whatever the verdict, so the history holds every nig
 from pathlib import Path
 
 from ..analysis import compare as cmp
-from ..analysis.history import History
+from ..analysis.history import History, load_run
+from . import regression
 
 
 def nightly(results, baseline: str | None = None, history_path=None, threshold: float = cmp.DEFAULT_THRESHOLD,
             out_dir=None) -> tuple[int, dict]:
     """Returns (exit code: 1 on any regression, else 0; {format: path written} plus what happened)."""
-    new = cmp.load_run(results)
+    new = load_run(results)
     out = Path(out_dir) if out_dir else Path(results) / "regression"
     out.mkdir(parents=True, exist_ok=True)
     with History.open(history_path) as h:
         run_id, fresh = h.add(new, label=f"nightly {Path(results).name}")
         machine = new.machine
         if baseline:
-            base = cmp.load_run(baseline, h.path)
+            base = load_run(baseline, h.path)
         else:
             base_id = h.latest(machine, exclude=run_id, before=new.started_at)
             base = h.run(str(base_id)) if base_id else None
@@ -35,8 +36,8 @@ def nightly(results, baseline: str | None = None, history_path=None, threshold: 
         noise = h.run_noise(machine, keys, before=run_id)
     comparison = cmp.compare(base, new, threshold, run_noise=noise)
     written = {}
-    for fmt in cmp.FORMATS:
+    for fmt in regression.FORMATS:
         written[fmt] = out / f"regression.{fmt}"
-        written[fmt].write_text(cmp.render(comparison, fmt))
-    return comparison.exit_code, {**info, **written, "summary": cmp.summary_line(comparison),
+        written[fmt].write_text(regression.render(comparison, fmt))
+    return comparison.exit_code, {**info, **written, "summary": regression.summary_line(comparison),
                                   "noise_known": len(noise)}

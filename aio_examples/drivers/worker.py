@@ -1,0 +1,114 @@
+"""The worker protocol: the flags of one measurement, and the argument list a driver builds for its process.
+
+`aio-examples run`, every model's run.py and every process a driver starts (sweep points, matrix cells,
+throughput instances) parse the same flags, defined here; a driver builds the argument list with
+`run_argv` beside them, so the two cannot drift apart (tests/drivers/test_worker.py round-trips them).
+A point whose process never wrote its own record gets one from `record_failure`, whichever driver ran it.
+"""
+
+import argparse
+
+from ..core import records as res
+from ..core.errors import UsageError
+from ..core.log import logger
+
+
+def positive(flag, kind=int, accepted="a whole number >= 1"):
+    """An argparse type: a number > 0 of `kind`, else a one-line usage error naming `flag`."""
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = 0
+        if not value > 0:
+            raise UsageError(f"{flag} {text!r} is invalid; accepted: {accepted}")
+        return value
+    return parse
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of a measurement, shared by `aio-examples run` and every run.py."""
+    from ..backends import BACKENDS, DEFAULT_BACKEND
+    from ..core.precision import PRECISIONS
+
+    p.add_argument("-p", "--precision", default="fp32",
+                   help=f"one of {', '.join(PRECISIONS)}, a comma list, or 'all' (default fp32)")
+    p.add_argument("-b", "--batch-size", type=positive("-b/--batch-size"), default=1)
+    p.add_argument("-t", "--threads", default=None,
+                   help="threads (default: AIO_NUM_THREADS, else OMP_NUM_THREADS, else physical cores)")
+    p.add_argument("--backend", default=None,
+                   help=f"one of {', '.join(BACKENDS)}, a comma list, or 'all' (default: {DEFAULT_BACKEND})")
+    p.add_argument("--timeout", type=positive("--timeout", float, "a number of seconds > 0"), default=60.0,
+                   help="seconds of measurement per configuration (default 60)")
+    p.add_argument("--num-runs", type=positive("--num-runs"), default=None,
+                   help="measure exactly this many passes instead of stopping at the confidence target")
+    p.add_argument("--output", default="results", help="folder for results.jsonl (default ./results)")
+    p.add_argument("--input-size", type=positive("--input-size"), default=None, help="image side (vision)")
+    p.add_argument("--seq-len", type=positive("--seq-len"), default=None, help="sequence length (NLP)")
+    p.add_argument("--new-tokens", type=positive("--new-tokens"), default=None,
+                   help="tokens to generate (text generation)")
+    p.add_argument("--weights", default=None, help="a local torchvision/PyTorch state-dict file")
+    p.add_argument("--model-dir", default=None, help="a local Hugging Face model folder (with tokenizer)")
+    p.add_argument("--allow-oversubscribe", action="store_true",
+                   help="allow more threads than CPUs available to this process")
+    p.add_argument("--probe", action="store_true",
+                   help="after every second of passes, read the machine (one core's speed at numpy matmuls, "
+                        "and how fast the cores hand work over) so compare can take its moves out of a change")
+    p.add_argument("--json", action="store_true", help="print the records as JSON lines instead of a table")
+    # Set by the drivers (sweep, throughput) for the processes they start: see run_argv.
+    p.add_argument("--point-id", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--instance", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--barrier", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--turns", default=None, help=argparse.SUPPRESS)     # READ_FD,WRITE_FD from a sweep (drivers/turns.py)
+    p.add_argument("--group", default=None, help=argparse.SUPPRESS)
+
+
+def run_argv(model: str, shape: dict, **options) -> list[str]:
+    """Arguments of `python -m aio_examples run MODEL ...` for one point: shape overrides and options
+    become long flags (`batch_size=8` -> `--batch-size 8`, `json=True` -> `--json`; None is left out)."""
+    argv = ["-m", "aio_examples", "run", model]
+    for name, value in [*shape.items(), *options.items()]:
+        if value is None or value is False:
+            continue
+        flag = "--" + name.replace("_", "-")
+        argv += [flag] if value is True else [flag, str(value)]
+    return argv
+
+
+def parse_run_argv(argv: list[str]) -> tuple[str, argparse.Namespace]:
+    """What a process started with `run_argv` parses: (model, flags). The inverse of run_argv."""
+    parser = argparse.ArgumentParser(prog="aio-examples run", exit_on_error=False)
+    parser.add_argument("model")
+    add_run_arguments(parser)
+    if argv[:3] != ["-m", "aio_examples", "run"]:
+        raise UsageError(f"{argv[:3]} is not a worker's argument list; accepted: -m aio_examples run MODEL ...")
+    args = parser.parse_args(argv[3:])
+    return args.model, args
+
+
+def scenario_of(args: argparse.Namespace):
+    """The scenario a process's flags ask for: a multi-instance window (--instance), turns a sweep hands out
+    (--turns), or interleaved latency rounds."""
+    from ..measurement.scenarios import InstanceSync, LatencyScenario, Turns, TurnsScenario, WindowScenario
+
+    if args.instance is not None:
+        return WindowScenario(InstanceSync.parse(args.instance, args.barrier or ".", args.group or ""))
+    if args.turns is not None:
+        return TurnsScenario(Turns(args.turns))
+    return LatencyScenario()
+
+
+def record_failure(out, spec, backend: str, precision: str, batch_size: int, threads: int, shape: dict,
+                   status: str, reason: str, binding=None, point_id: str | None = None,
+                   allocator: str = "default") -> res.Result:
+    """Append the record of a point whose process crashed, hung or never started (its own record never came)."""
+    r = res.Result.for_config(spec, backend, precision, batch_size, threads, shape, status=status, reason=reason,
+                              point_id=point_id)
+    if binding is not None:
+        r.binding = {"method": binding.method, "cores": list(binding.cores),
+                     "membind": list(binding.membind) if binding.membind else None}
+        r.warnings = list(binding.warnings)
+    r.env = {"allocator": allocator}
+    res.append(out, r)
+    logger.warning("%s %s/%s: %s: %s", spec.name, backend, precision, status, reason)
+    return r

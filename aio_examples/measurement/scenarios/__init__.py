@@ -1,0 +1,15 @@
+"""Scenario registry: how a prepared model is driven; one line per scenario, each in its own module."""
+
+from .base import Scenario
+from .latency import LatencyScenario
+from .turns import Turns, TurnsScenario
+from .window import InstanceSync, WindowScenario
+
+# name -> class; the constructor of each takes what its worker flags carry (drivers/worker.py builds them)
+SCENARIOS: dict[str, type[Scenario]] = {s.name: s for s in (
+    LatencyScenario,
+    TurnsScenario,
+    WindowScenario,
+)}
+
+__all__ = ["SCENARIOS", "InstanceSync", "LatencyScenario", "Scenario", "Turns", "TurnsScenario", "WindowScenario"]

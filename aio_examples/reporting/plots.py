@@ -1,0 +1,135 @@
+"""PNG plots of reports, the history and notebooks (matplotlib, no display needed)."""
+
+from pathlib import Path
+
+import numpy as np
+
+
+def figure(width=8.0, height=4.0):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(width, height), dpi=110)
+
+
+def save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_suite(table, setting, path: Path) -> Path | None:
+    if table is None or table.empty:
+        return None
+    series = [c for c in table.columns if not table[c].isna().all()]
+    fig, ax = figure(max(8.0, 1.2 * len(table.index)), 4.5)
+    x = np.arange(len(table.index))
+    width = 0.8 / max(1, len(series))
+    for i, col in enumerate(series):
+        ax.bar(x + i * width - 0.4 + width / 2, table[col].fillna(0).values, width, label=f"{col[0]} {col[1]}")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(x, table.index, rotation=30, ha="right")
+    ax.set_ylabel("speedup vs eager fp32 (eager = 1.0)")
+    ax.set_title(f"speedup per model, batch {setting['batch_size']}, {setting['threads']} thread(s); "
+                 "missing bar = did not run ok")
+    ax.legend(fontsize=7, ncol=3)
+    return save(fig, path)
+
+
+def _line_plot(rows, x: str, y: str, ylabel: str, title: str, path: Path) -> Path | None:
+    """One line per backend x precision of `y` against `x`; nothing when `x` has a single value."""
+    if rows[x].nunique() < 2:
+        return None
+    fig, ax = figure()
+    for (backend, precision), g in rows.groupby(["backend", "precision"]):
+        g = g.sort_values(x)
+        ax.plot(g[x], g[y], marker="o", label=f"{backend} {precision}")
+    ax.set_xlabel(x.replace("_", " "))
+    ax.set_ylabel(ylabel)
+    ax.set_xticks(sorted(rows[x].unique()))
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    return save(fig, path)
+
+
+def plot_model(df, model: str, folder: Path) -> dict:
+    """Latency vs threads, throughput vs batch size, and precisions, for one model (ok rows only)."""
+    ok = df[(df.model == model) & (df.status == "ok") & (df.instances == 1) & (df.allocator == "default")]
+    if ok.empty:
+        return {}
+    batch, threads = ok.batch_size.min(), ok.threads.max()
+    plots = {}
+    path = _line_plot(ok[ok.batch_size == batch], "threads", "median_ms", "median latency (ms)",
+                      f"{model}: latency vs threads, batch {batch}", folder / f"{model}-threads.png")
+    if path:
+        plots["latency vs threads"] = path
+    path = _line_plot(ok[ok.threads == threads], "batch_size", "throughput", f"throughput ({ok.unit.iloc[0]})",
+                      f"{model}: throughput vs batch size, {threads} thread(s)", folder / f"{model}-batch.png")
+    if path:
+        plots["throughput vs batch size"] = path
+    at = ok[(ok.batch_size == batch) & (ok.threads == threads)]
+    if at.precision.nunique() > 1:
+        pivot = at.pivot_table(index="backend", columns="precision", values="median_ms", aggfunc="first")
+        fig, ax = figure()
+        pivot.plot.bar(ax=ax, rot=0)
+        ax.set_ylabel("median latency (ms)")
+        ax.set_title(f"{model}: precisions, batch {batch}, {threads} thread(s)")
+        plots["precisions"] = save(fig, folder / f"{model}-precisions.png")
+    return plots
+
+
+def plot_instances(df, path: Path) -> Path | None:
+    """Aggregate throughput per instance layout (N instances x T threads), per model and backend."""
+    ok = df[(df.status == "ok")]
+    groups = [(k, g) for k, g in ok.groupby(["model", "backend", "precision", "batch_size"])
+              if (g.instances > 1).any()]
+    if not groups:
+        return None
+    fig, ax = figure(8.0, 1.0 + 0.5 * sum(len(g) for _, g in groups))
+    labels, values = [], []
+    for (model, backend, precision, batch), g in groups:
+        for _, row in g.sort_values(["instances", "threads"]).iterrows():
+            labels.append(f"{model} {backend} {precision} b{batch}: {row.instances} x {row.threads} thr")
+            values.append(row.throughput)
+    ax.barh(range(len(values)), values)
+    ax.set_yticks(range(len(values)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"throughput, summed over instances ({ok.unit.iloc[0]})")
+    ax.set_title("multi-instance scaling")
+    return save(fig, path)
+
+
+def plot_history(rows: list[dict], title: str, path: Path) -> Path:
+    """Median latency per run with its confidence interval, one line per configuration."""
+
+    fig, ax = figure(9.0, 4.0)
+    groups = {}
+    for r in rows:
+        if r["status"] == "ok" and r["median_ms"]:
+            label = f"{r['backend']} {r['precision']} b{r['batch_size']} t{r['threads']}" + \
+                    (f" x{r['instances']}" if r["instances"] > 1 else "")
+            groups.setdefault(label, []).append(r)
+    for label, rs in sorted(groups.items()):
+        x = [r["run"] for r in rs]
+        y = [r["median_ms"] for r in rs]
+        lo = [r["median_ms"] - (r["ci_low"] if _finite(r["ci_low"]) else r["median_ms"]) for r in rs]
+        hi = [(r["ci_high"] if _finite(r["ci_high"]) else r["median_ms"]) - r["median_ms"] for r in rs]
+        ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, label=label)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("history run")
+    ax.set_ylabel("median latency (ms)")
+    ax.set_title(title)
+    if groups:
+        ax.legend(fontsize=7)
+    return save(fig, path)
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and np.isfinite(v)
