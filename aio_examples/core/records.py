@@ -223,7 +223,7 @@ def _scenario_of_old(d: dict) -> dict:
     if instance:
         return {"name": "window", "key": "window"}
     if d.get("turns"):
-        return {"name": "latency", "key": "latency", "schedule": "turns"}
+        return {"name": "turns", "key": "latency"}
     return dict(DEFAULT_SCENARIO)
 
 

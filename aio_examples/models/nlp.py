@@ -17,7 +17,7 @@ CONTEXT = ("How fast a neural network runs on a server processor depends on the 
 MASK_SENTENCE = "Running inference on the processor is {mask} when threads are bound to physical cores."
 
 
-def _transformers():
+def load_transformers():
     # transformers imports torchvision when it is installed; make sure that import works first.
     from ..compat.torchvision_shim import ensure_torchvision
 
@@ -49,7 +49,7 @@ class Encoder(ModelSpec):
     config_kwargs: tuple = ()
 
     def _config(self):
-        return getattr(_transformers(), self.config_class)(**dict(self.config_kwargs))
+        return getattr(load_transformers(), self.config_class)(**dict(self.config_kwargs))
 
     def smoke_shape(self):
         return {"seq_len": 32}
@@ -60,10 +60,10 @@ class Encoder(ModelSpec):
             raise UsageError(f"--seq-len {shape['seq_len']} is too long for {self.name}; accepted: 1..{limit}")
 
     def _build_module(self, shape):
-        return EncoderModel(getattr(_transformers(), self.model_class)(self._config()))
+        return EncoderModel(getattr(load_transformers(), self.model_class)(self._config()))
 
     def _from_dir(self, path: Path):
-        tf = _transformers()
+        tf = load_transformers()
         if not (path / "config.json").is_file():
             raise UsageError(f"--model-dir {str(path)!r} has no config.json; accepted: a local Hugging Face model folder")
         model = getattr(tf, self.auto_class).from_pretrained(path)
@@ -112,7 +112,7 @@ class CausalLMStep(nn.Module):
         self.tokenizer = tokenizer
 
     def new_cache(self, max_len: int):
-        return _transformers().StaticCache(config=self.model.config, max_cache_len=max_len)
+        return load_transformers().StaticCache(config=self.model.config, max_cache_len=max_len)
 
     def forward(self, input_ids: torch.Tensor, past_key_values=None, cache_position=None):
         out = self.model(input_ids=input_ids, past_key_values=past_key_values, cache_position=cache_position,
@@ -156,7 +156,7 @@ class CausalLM(Encoder):
                              f"for {self.name}; accepted: at most {limit}")
 
     def _build_module(self, shape):
-        return CausalLMStep(getattr(_transformers(), self.model_class)(self._config()))
+        return CausalLMStep(getattr(load_transformers(), self.model_class)(self._config()))
 
     def _from_dir(self, path: Path):
         enc = super()._from_dir(path)

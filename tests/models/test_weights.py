@@ -63,9 +63,9 @@ def test_weights_through_run_py_are_recorded(tmp_path):
 
 def make_hf_bert_dir(path):
     """A tiny BERT QA model with its own WordPiece tokenizer, saved the way the hub lays it out."""
-    from aio_examples.models.nlp import _transformers
+    from aio_examples.models.nlp import load_transformers
 
-    tf = _transformers()
+    tf = load_transformers()
     words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted({"which", "settings", "decide", "how", "fast", "a", "model", "runs", "on", "cpu", "?", "the", "number", "of", "threads"})
     path.mkdir()
     tokenizer = tf.BertTokenizerFast(vocab={word: i for i, word in enumerate(words)})

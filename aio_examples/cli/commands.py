@@ -1,0 +1,341 @@
+"""The subcommands: each turns parsed flags into a call of the layer that does the work, and prints."""
+
+import sys
+from pathlib import Path
+
+from ..core.errors import UsageError
+from .parser import comma_list
+
+
+def _backends(arg: str | None) -> list[str]:
+    from ..backends import DEFAULT_BACKEND, available_backends, get_backend
+    from ..backends.optimized import process_mode
+
+    if arg is None:
+        names = [DEFAULT_BACKEND]
+    elif arg == "all":
+        names = available_backends()
+    else:
+        names = [n.strip() for n in arg.split(",") if n.strip()]
+        for n in names:
+            get_backend(n)
+    if "aio" in names and not process_mode():
+        print("AIO_PROCESS_MODE=0: the optimized backend is off, running eager instead", file=sys.stderr)
+        names = list(dict.fromkeys("eager" if n == "aio" else n for n in names))
+    return names
+
+
+def _precisions(arg: str) -> list[str]:
+    from ..core.precision import PRECISIONS, validate
+
+    if arg == "all":
+        return list(PRECISIONS)
+    return [validate(p.strip()) for p in arg.split(",") if p.strip()] or [validate(arg)]
+
+
+def do_run(model: str, args) -> int:
+    from ..core.processes import die_with_parent
+    from ..core.records import check_output_dir
+    from ..machine.binding import apply_in_child
+    from ..machine.threads import export_thread_env, resolve_threads
+
+    die_with_parent()                          # a point of a sweep, matrix or throughput run ends with its driver
+    apply_in_child()                           # a driver's sched_setaffinity binding, before torch starts
+    # Everything that can be checked without torch is checked first: bad input fails fast.
+    precisions = _precisions(args.precision)
+    choice = resolve_threads(args.threads, allow_oversubscribe=args.allow_oversubscribe)
+    export_thread_env(choice.threads)          # before torch starts its thread pools
+    from ..models import get_model
+
+    spec = get_model(model)
+    shape = spec.shape(input_size=args.input_size, seq_len=args.seq_len, new_tokens=args.new_tokens)
+    backends = _backends(args.backend)
+    if "aio" in backends:
+        from ..aio_compile import resolve_options
+
+        resolve_options()       # invalid AIO_* values: one line now, not after building the model
+    out_dir = check_output_dir(args.output)
+
+    from ..core.records import format_table
+    from ..drivers.worker import scenario_of
+    from ..measurement.runner import RunRequest, run
+    from ..measurement.timing import StopRule
+
+    req = RunRequest(spec, backends, precisions, args.batch_size, choice, shape, args.weights, args.model_dir,
+                     StopRule(timeout_s=args.timeout, num_runs=args.num_runs), scenario=scenario_of(args),
+                     point_id=args.point_id, probe=args.probe)
+    compare = len(backends) > 1 or len(precisions) > 1
+    results = run(req, out_dir, reference=compare)
+    if args.json:
+        for r in results:
+            print(r.to_json())
+    else:
+        first = results[0]
+        print(f"\n{spec.name} ({spec.task}), input {first.input_shape}, weights: {first.weights}, "
+              f"threads: {first.binding['threads_in_effect']} ({choice.source})")
+        if compare:
+            print("configurations were measured in interleaved rounds in a new order each round, "
+                  "so machine drift affects all of them alike")
+        print(format_table(results))
+        print(f"\nrecords appended to {out_dir / 'results.jsonl'}")
+    return 0 if any(r.status in ("ok", "fail_accuracy") for r in results) else 1
+
+
+def do_list(args) -> int:
+    from ..models import ZOO
+
+    rows = []
+    for spec in ZOO.values():
+        shape = spec.default_shape
+        row = {"model": spec.name, "task": spec.task, "input": ", ".join(f"{k}={v}" for k, v in shape.items()),
+               "unit": spec.task_unit}
+        if not args.no_flops:
+            from ..measurement.flops import cached_flops
+
+            row["GFLOPs/pass (b=1)"] = f"{cached_flops(spec, shape) / 1e9:.2f}"
+        rows.append(row)
+    if args.json:
+        import json
+
+        for row in rows:
+            print(json.dumps(row))
+    else:
+        import pandas as pd
+
+        print(pd.DataFrame(rows).to_string(index=False))
+    return 0
+
+
+def do_setup(args) -> int:
+    """Check the installation: torch, torchvision (adapting a CUDA wheel if needed), transformers."""
+    import torch
+
+    from ..compat.torchvision_shim import ensure_torchvision, torchvision_status
+
+    ensure_torchvision()
+    status = torchvision_status()
+    print(f"torch {torch.__version__}, torchvision {status['torchvision']}: ops from {status['torchvision_ops']}"
+          + (f" ({status['cuda_stub_symbols']} CUDA symbols stood in)" if status.get("cuda_stub_symbols") else ""))
+    from ..models.nlp import load_transformers
+
+    print(f"transformers {load_transformers().__version__}")
+    return 0
+
+
+def _names(arg: str | None, known, what: str) -> list[str]:
+    if arg in (None, "all"):
+        return list(known)
+    names = [n.strip() for n in arg.split(",") if n.strip()]
+    for n in names:
+        if n not in known:
+            raise UsageError(f"{what} {n!r} is unknown; accepted: {', '.join(known)}, all")
+    return names
+
+
+def do_matrix(args) -> int:
+    """Run (or only render) the support matrix of models x backends x precisions."""
+    from pathlib import Path
+
+    from ..backends import BACKENDS
+    from ..core.precision import PRECISIONS
+    from ..core.records import check_output_dir
+    from ..drivers.matrix import render, run_matrix, update_readme
+    from ..models import ZOO
+
+    models = _names(args.models, ZOO, "model")
+    backends = _names(args.backends, BACKENDS, "backend")
+    precisions = _names(args.precisions, PRECISIONS, "precision")
+    readme = Path(args.readme) if args.readme else None
+    if readme is not None and not readme.is_file():
+        raise UsageError(f"--readme {args.readme!r} is not a file; accepted: a README with support-matrix markers")
+    out_dir = check_output_dir(args.output)
+    if not args.render_only:
+        threads = None
+        if args.threads is not None:
+            from ..machine.threads import resolve_threads
+
+            threads = resolve_threads(args.threads).threads
+        run_matrix(models, backends, precisions, out_dir, threads, args.point_timeout)
+    table = render(out_dir, models, backends, precisions)
+    print(table)
+    (out_dir / "support_matrix.md").write_text(table)
+    if readme is not None:
+        try:
+            update_readme(readme, table)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        print(f"updated the support matrix in {readme}")
+    return 0
+
+
+def _shape_overrides(args) -> dict:
+    """The shape flags the user gave (input size, sequence length, new tokens), for sweeps and instances."""
+    from ..drivers.sweep import SHAPE_KEYS
+
+    return {k: getattr(args, k) for k in SHAPE_KEYS if getattr(args, k, None) is not None}
+
+
+def do_sweep(args) -> int:
+    from ..drivers.sweep import SweepConfig, run_sweep
+
+    shape = _shape_overrides(args)
+    overrides = {"models": args.models or None, "backends": args.backends, "precisions": args.precisions,
+                 "batch_sizes": args.batch_sizes, "threads": args.threads, "allocators": args.allocators,
+                 "timeout": args.timeout, "point_timeout": args.point_timeout, "output": args.output,
+                 "shape": shape or None, "repeats": args.repeats, "probe": args.probe or None,
+                 "interleave": args.interleave}
+    if args.config:
+        cfg = SweepConfig.from_toml(args.config, overrides)
+    else:
+        cfg = SweepConfig(**{k: v for k, v in overrides.items() if v is not None})
+    summary = run_sweep(cfg, quiet=args.quiet)
+    print(summary.text(Path(cfg.output)))
+    if summary.interrupted:
+        raise KeyboardInterrupt
+    return 0
+
+
+def do_throughput(args) -> int:
+    from ..backends import get_backend
+    from ..core.precision import validate
+    from ..core.records import check_output_dir
+    from ..drivers.instances import run_throughput
+    from ..machine.allocators import validate as valid_allocator
+    from ..machine.topology import numa_cpus_from_env
+    from ..models import get_model
+
+    get_model(args.model)
+    validate(args.precision)
+    get_backend(args.backend)
+    valid_allocator(args.allocator)
+    out = check_output_dir(args.output)
+    shape = _shape_overrides(args)
+    numa = numa_cpus_from_env()
+    records = run_throughput(args.model, args.backend, args.precision, args.batch_size, args.instances,
+                             args.threads_per_instance, args.timeout, out, shape, args.allocator, numa_cpus=numa)
+    agg = records[-1]
+    for r in records[:-1]:
+        lat = r.latency_ms or {}
+        print(f"instance {r.instance['index']}: cores {r.instance.get('cores')}, {r.status}"
+              + (f", median {lat['median']:.2f} ms, {r.throughput['value']:.2f} {r.throughput['unit']}"
+                 if r.status == "ok" else f": {r.reason}"))
+        for warning in r.warnings:
+            print(f"  warning: {warning}")
+    if agg.status != "ok":
+        print(f"throughput: {agg.status}: {agg.reason}")
+        return 1
+    print(f"{args.model} {args.backend} {args.precision} b{args.batch_size}: {args.instances} instance(s) x "
+          f"{args.threads_per_instance} thread(s): {agg.throughput['value']:.2f} {agg.throughput['unit']} "
+          f"(sum over the {agg.instance['window_s']:.1f} s all instances ran)")
+    print(f"records appended to {out / 'results.jsonl'}")
+    return 0
+
+
+def do_report(args) -> int:
+    from ..reporting.report import build_report
+
+    written = build_report(args.results, Path(args.output), include_contended=args.include_contended)
+    print(f"{written['records']} records: {written['html']}, {written['md']}, {written['csv']} "
+          f"(plots in {Path(args.output) / 'plots'})")
+    return 0
+
+
+def do_peak(args) -> int:
+    from ..machine import peak
+    from ..machine.topology import read_topology
+
+    for precision in args.precisions:
+        if precision not in peak.PEAK_PRECISIONS:
+            raise UsageError(f"--precisions {precision!r} is not measured; accepted: {', '.join(peak.PEAK_PRECISIONS)}")
+    topo = read_topology()
+    threads = args.threads or topo.default_thread_counts()
+    for t in threads:
+        topo.pick_cpus(t)
+    table = peak.measure_peaks(args.precisions, threads)
+    print(f"matrix-multiply peak of this machine ({peak.SIZE}x{peak.SIZE} GEMM), GFLOP/s:")
+    for precision, by_threads in table["peaks"].items():
+        for t, entry in sorted(by_threads.items(), key=lambda kv: int(kv[0])):
+            engines = ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k}: {v}"
+                                for k, v in entry["engines"].items())
+            best = f"{entry['gflops']:.1f} ({entry['engine']})" if entry["gflops"] else "none"
+            print(f"  {precision} {t} thread(s): {best}   [{engines}]")
+    print(f"cached for this machine: {peak.cache_path()}")
+    return 0
+
+
+def do_compare(args) -> int:
+    from ..analysis import compare as cmp
+    from ..analysis.history import load_run
+    from ..reporting import regression
+
+    threshold = cmp.parse_threshold(args.threshold)
+    baseline, new = load_run(args.baseline, args.history), load_run(args.new, args.history)
+    comparison = cmp.compare(baseline, new, threshold, args.confidence, comma_list(args.ignore) if args.ignore else ())
+    text = regression.render(comparison, args.format)
+    if args.output:
+        Path(args.output).write_text(text)
+        print(regression.summary_line(comparison) + f" -> {args.output}")
+    else:
+        print(text)
+    return comparison.exit_code
+
+
+def do_history(args) -> int:
+    from ..analysis.history import History, load_run
+    from ..reporting.plots import plot_history
+
+    if args.action == "add":
+        run = load_run(args.results)
+        with History.open(args.history) as h:
+            run_id, fresh = h.add(run, label=args.label)
+            print(f"{'stored' if fresh else 'already stored'}: {len(run.records)} records of {args.results} as "
+                  f"history:{run_id} in {h.path}")
+        return 0
+    with History.open(args.history, create=False) as h:
+        if args.action == "list":
+            rows = h.runs()
+            for r in rows:
+                torch_v = r["versions"].get("torch", "?")
+                print(f"history:{r['id']:<4} {r['started_at'] or '?':25} {r['records']:4} records  torch {torch_v}  "
+                      f"git {(r['git_commit'] or '?')[:10]}  {r['machine_desc'] or '?'}  {r['label'] or r['source']}")
+            print(f"{len(rows)} run(s) in {h.path}")
+            return 0
+        df, rows = h.trend(args.model, backend=args.backend, precision=args.precision, batch_size=args.batch_size,
+                           threads=args.threads)
+    if args.format == "json":
+        print(df.to_json(orient="records", indent=1))
+    elif args.format == "csv":
+        print(df.to_csv(index=False), end="")
+    else:
+        import pandas as pd
+
+        shown = df.drop(columns=["ci_low", "ci_high", "allocator"])
+        shown["vs_previous"] = shown["vs_previous"].map(lambda v: "" if pd.isna(v) else f"{100 * v:+.1f}%")
+        print(shown.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    plot = Path(args.plot) if args.plot else h.path.parent / f"history-{args.model}.png"
+    title = f"{args.model}" + "".join(f", {k} {v}" for k, v in (("backend", args.backend), ("precision", args.precision),
+                                                                ("batch", args.batch_size), ("threads", args.threads)) if v)
+    print(f"trend plot: {plot_history(rows, title, plot)}")
+    return 0
+
+
+def do_nightly(args) -> int:
+    from ..analysis.compare import parse_threshold
+    from ..reporting.nightly import nightly
+
+    code, info = nightly(args.results, args.baseline, args.history, parse_threshold(args.threshold), args.output)
+    print(f"stored as history:{info['run_id']} in {info['history']}" + ("" if info["stored"] else " (already there)"))
+    if info["baseline"] is None:
+        print(info["text"], end="")
+        return code
+    print(f"compared with {info['baseline']}: {info['summary']}; run-to-run spread from the history for "
+          f"{info['noise_known']} configuration(s)")
+    print(f"regression report: {info['md']}, {info['html']}, {info['json']}")
+    if code:
+        print("REGRESSION: see the report", file=sys.stderr)
+    return code
+
+
+COMMANDS = {"list": do_list, "matrix": do_matrix, "sweep": do_sweep, "throughput": do_throughput,
+            "report": do_report, "peak": do_peak, "setup": do_setup, "compare": do_compare,
+            "history": do_history, "nightly": do_nightly}

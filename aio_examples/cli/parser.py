@@ -1,0 +1,140 @@
+"""The command line's parser: every subcommand and its flags (a measurement's own flags: drivers/worker.py)."""
+
+import argparse
+
+from ..core.errors import UsageError
+from ..drivers.worker import add_run_arguments, positive
+
+PROG = "aio-examples"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line, like every other input error."""
+
+    def error(self, message):
+        raise UsageError(message)
+
+
+def ints(flag: str):
+    def parse(text):
+        try:
+            values = [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            values = []
+        if not values or min(values) < 1:
+            raise argparse.ArgumentTypeError(f"{flag} {text!r} is invalid; accepted: a comma list of whole numbers >= 1")
+        return values
+    return parse
+
+
+def comma_list(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog=PROG, description="Benchmark CPU inference with PyTorch across backends and precisions.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    run_p = sub.add_parser("run", help="measure one model")
+    run_p.add_argument("model")
+    add_run_arguments(run_p)
+    list_p = sub.add_parser("list", help="the model zoo with task, input shape and FLOPs")
+    list_p.add_argument("--no-flops", action="store_true", help="skip counting FLOPs (counted once, then cached)")
+    list_p.add_argument("--json", action="store_true")
+    sub.add_parser("setup", help="check (and adapt) the installed libraries")
+    mx = sub.add_parser("matrix", help="which model x backend x precision runs here (each in its own process)")
+    mx.add_argument("--models", default=None, help="comma list (default: the whole zoo)")
+    mx.add_argument("--backends", default=None, help="comma list (default: all)")
+    mx.add_argument("--precisions", default=None, help="comma list (default: all)")
+    mx.add_argument("--output", default="results/matrix", help="folder of the cells' records (resumes)")
+    mx.add_argument("-t", "--threads", default=None)
+    mx.add_argument("--point-timeout", type=positive("--point-timeout", float, "seconds > 0"), default=900.0,
+                    help="seconds per model x backend x precision before its process is killed")
+    mx.add_argument("--render-only", action="store_true", help="only render the records already in --output")
+    mx.add_argument("--readme", default=None, help="also replace the support matrix section of this README")
+    sw = sub.add_parser("sweep", help="every combination of the given axes, each point in its own bound process")
+    sw.add_argument("models", nargs="*", help="zoo names (or in --config)")
+    sw.add_argument("--config", default=None, help="a TOML file with the same keys (see sweeps/); flags override it")
+    sw.add_argument("--backends", type=comma_list, default=None, help="comma list (default aio)")
+    sw.add_argument("--precisions", type=comma_list, default=None, help="comma list (default fp32)")
+    sw.add_argument("--batch-sizes", type=ints("--batch-sizes"), default=None, help="comma list (default 1)")
+    sw.add_argument("--threads", type=ints("--threads"), default=None,
+                    help="comma list (default: powers of two up to the physical cores, plus that)")
+    sw.add_argument("--allocators", type=comma_list, default=None,
+                    help="comma list of default, tcmalloc, jemalloc, hugetlb (default: default)")
+    sw.add_argument("--input-size", type=positive("--input-size"), default=None)
+    sw.add_argument("--seq-len", type=positive("--seq-len"), default=None)
+    sw.add_argument("--new-tokens", type=positive("--new-tokens"), default=None)
+    sw.add_argument("--timeout", type=positive("--timeout", float, "seconds > 0"), default=None,
+                    help="measured seconds per point (default 20)")
+    sw.add_argument("--point-timeout", type=positive("--point-timeout", float, "seconds > 0"), default=None,
+                    help="seconds before a point's process is killed (default 900)")
+    sw.add_argument("--repeats", type=positive("--repeats"), default=None,
+                    help="measure every point this many times, each in its own process (default 1)")
+    sw.add_argument("--probe", action="store_true", default=None,
+                    help="every point also reads the machine after each round (see run --probe)")
+    sw.add_argument("--interleave", type=positive("--interleave"), default=None,
+                    help="keep this many points' processes alive and let them take one-second turns, so each "
+                         "point's passes come from moments spread over the sweep (default 1: one after another)")
+    sw.add_argument("--output", default=None, help="folder of results.jsonl; rerunning resumes (default results/sweep)")
+    sw.add_argument("--quiet", action="store_true", help="no progress bar (also when CI=true)")
+    tp = sub.add_parser("throughput", help="N instances x T threads on disjoint cores, throughput summed")
+    tp.add_argument("model")
+    tp.add_argument("--instances", type=positive("--instances"), default=2)
+    tp.add_argument("--threads-per-instance", type=positive("--threads-per-instance"), default=1)
+    tp.add_argument("-b", "--batch-size", type=positive("-b/--batch-size"), default=1)
+    tp.add_argument("--backend", default="aio")
+    tp.add_argument("-p", "--precision", default="fp32")
+    tp.add_argument("--allocator", default="default", help="default, tcmalloc, jemalloc or hugetlb")
+    tp.add_argument("--timeout", type=positive("--timeout", float, "seconds > 0"), default=20.0,
+                    help="seconds of the common measurement window (default 20)")
+    tp.add_argument("--input-size", type=positive("--input-size"), default=None)
+    tp.add_argument("--seq-len", type=positive("--seq-len"), default=None)
+    tp.add_argument("--output", default="results", help="folder for results.jsonl (default ./results)")
+    pk = sub.add_parser("peak", help="this machine's matrix-multiply peak per precision and threads (cached)")
+    pk.add_argument("--precisions", type=comma_list, default=["fp32", "bf16"], help="comma list of fp32, bf16")
+    pk.add_argument("--threads", type=ints("--threads"), default=None,
+                    help="comma list (default: powers of two up to the physical cores, plus that)")
+    rp = sub.add_parser("report", help="report.html, summary.csv/md and plots from result files or folders")
+    rp.add_argument("results", nargs="+", help="results.jsonl files or folders holding them")
+    rp.add_argument("--output", default="report", help="folder to write into (default ./report)")
+    rp.add_argument("--include-contended", action="store_true",
+                    help="keep configurations measured while other processes held their cores in the suite view "
+                         "and its geometric means (they are marked either way)")
+    history_help = "the history database (default results/history.sqlite, or AIO_HISTORY)"
+    cp = sub.add_parser("compare", help="what got slower between two runs (exit 1 on a regression)")
+    cp.add_argument("baseline", help="results folder or file, or history:ID / history:latest")
+    cp.add_argument("new", help="results folder or file, or history:ID / history:latest")
+    cp.add_argument("--threshold", default="5%", help="smallest change that matters (default 5%%)")
+    cp.add_argument("--confidence", type=float, default=0.95, help="level of the intervals (default 0.95)")
+    cp.add_argument("--format", default="md", help="md (default), html or json")
+    cp.add_argument("--output", default=None, help="write to this file instead of printing")
+    cp.add_argument("--ignore", default=None,
+                    help="comma list of fields left out of matching: threads, batch_size, instances, allocator, "
+                         "shape, machine")
+    cp.add_argument("--history", default=None, help=history_help)
+    hp = sub.add_parser("history", help="the history store of runs: add, list, show")
+    hsub = hp.add_subparsers(dest="action", required=True, parser_class=Parser)
+    ha = hsub.add_parser("add", help="store a run's records")
+    ha.add_argument("results", help="results folder or results.jsonl")
+    ha.add_argument("--label", default=None)
+    hl = hsub.add_parser("list", help="the stored runs")
+    hs = hsub.add_parser("show", help="trend of a model's configurations: table and plot")
+    hs.add_argument("model")
+    hs.add_argument("--backend", default=None)
+    hs.add_argument("-p", "--precision", default=None)
+    hs.add_argument("-b", "--batch-size", type=positive("-b/--batch-size"), default=None)
+    hs.add_argument("-t", "--threads", type=positive("-t/--threads"), default=None)
+    hs.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    hs.add_argument("--plot", default=None, help="PNG to write (default history-<model>.png beside the database)")
+    for p in (ha, hl, hs):
+        p.add_argument("--history", default=None, help=history_help)
+    nt = sub.add_parser("nightly", help="store a run, compare it with its baseline, write the regression report")
+    nt.add_argument("results", help="the run's results folder")
+    nt.add_argument("--baseline", default=None,
+                    help="results folder/file or history:ID (default: the latest earlier run on this machine)")
+    nt.add_argument("--threshold", default="5%", help="smallest change that matters (default 5%%)")
+    nt.add_argument("--output", default=None, help="folder for regression.md/html/json (default RESULTS/regression)")
+    nt.add_argument("--history", default=None, help=history_help)
+    return parser
+
+
