@@ -2,7 +2,7 @@
 # aio-examples: CPU inference benchmarks with PyTorch, for linux/amd64 and linux/arm64.
 #   docker build -t aio-examples .
 #   docker buildx build --platform linux/amd64,linux/arm64 -t aio-examples .
-# Behind a proxy or offline (README, "Docker"):
+# Behind a proxy or offline (docs/docker.md):
 #   --build-arg PIP_INDEX_URL=URL     a PyPI mirror (default: pypi.org)
 #   --build-arg TORCH_INDEX_URL=URL   where torch's CPU build comes from on amd64 (default: PyTorch's CPU
 #                                     index; empty: only PIP_INDEX_URL and the wheels folder)

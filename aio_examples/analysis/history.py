@@ -16,13 +16,16 @@ from pathlib import Path
 import numpy as np
 
 from ..core.errors import UsageError
-from ..core.records import Result, machine_description
+from ..core.records import KEY_FIELDS, Result, machine_description
 from .runs import Run, from_files
 
 DEFAULT_PATH = Path("results") / "history.sqlite"
 SCHEMA_VERSION = 1
 LOCK_TIMEOUT_S = 10.0
 MIN_RUNS_FOR_NOISE = 5          # run-to-run spread is only trusted from this many earlier runs
+# What tells a model's configurations apart in its trend: the configuration key but for the model itself
+# (and its task) and the machine (history runs are compared on one machine).
+TREND_FIELDS = tuple(f for f in KEY_FIELDS if f not in ("model", "task", "machine"))
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -176,9 +179,9 @@ class History:
         return Run(f"history:{row[0]}", records)
 
     def series(self, model: str, **where) -> list[dict]:
-        """One row per stored record of `model` (filtered by backend, precision, ...), oldest run first."""
-        sql = ("SELECT r.id, r.started_at, r.git_commit, r.versions, x.backend, x.precision, x.batch_size, "
-               "x.threads, x.instances, x.allocator, x.shape, x.status, x.median_ms, x.throughput, x.unit, x.record "
+        """One row per stored record of `model` (filtered by backend, precision, ...), oldest run first: its
+        configuration (the fields of `Result.key`), status, median with its interval, and throughput."""
+        sql = ("SELECT r.id, r.started_at, r.git_commit, r.versions, r.machine, x.record "
                "FROM records x JOIN runs r ON r.id = x.run_id WHERE x.model = ?")
         args = [model]
         for column, value in where.items():
@@ -186,17 +189,17 @@ class History:
                 sql += f" AND x.{column} = ?"
                 args.append(value)
         rows = []
-        for (run_id, started, commit, versions, backend, precision, batch, threads, inst, alloc, shape, status,
-             median, tp, unit, record) in self.conn.execute(sql + " ORDER BY r.started_at, r.id", args):
-            r = json.loads(record)
-            if (r.get("instance") or {}).get("index") is not None:
+        for run_id, started, commit, versions, machine, record in self.conn.execute(
+                sql + " ORDER BY r.started_at, r.id", args):
+            r = Result.from_dict(json.loads(record), f"history:{run_id} record")
+            if r.is_instance:
                 continue
-            lat = r.get("latency_ms") or {}
+            key = {k: v for k, v in r.key(machine)._asdict().items() if k in TREND_FIELDS}
+            lat = r.latency_ms or {}
             rows.append({"run": run_id, "started_at": started, "git": (commit or "")[:10],
-                         "torch": json.loads(versions or "{}").get("torch"), "backend": backend,
-                         "precision": precision, "batch_size": batch, "threads": threads, "instances": inst,
-                         "allocator": alloc, "shape": shape, "status": status, "median_ms": median,
-                         "ci_low": lat.get("ci_low"), "ci_high": lat.get("ci_high"), "throughput": tp, "unit": unit})
+                         "torch": json.loads(versions or "{}").get("torch"), **key, "status": r.status,
+                         "median_ms": r.median_ms, "ci_low": lat.get("ci_low"), "ci_high": lat.get("ci_high"),
+                         "throughput": (r.throughput or {}).get("value"), "unit": (r.throughput or {}).get("unit")})
         return rows
 
     def run_noise(self, machine: str | None, keys, before: int | None = None) -> dict:
@@ -232,9 +235,8 @@ class History:
         if not rows:
             raise UsageError(f"no stored records of {model!r} with those filters in {str(self.path)!r}; accepted: "
                              "a model and filters of a stored run (see 'aio-examples history list')")
-        config = ["backend", "precision", "batch_size", "threads", "instances", "allocator", "shape"]
-        df = pd.DataFrame(rows).sort_values([*config, "started_at", "run"], kind="stable")
-        df["vs_previous"] = df.groupby(config, dropna=False)["median_ms"].pct_change(fill_method=None)
+        df = pd.DataFrame(rows).sort_values([*TREND_FIELDS, "started_at", "run"], kind="stable")
+        df["vs_previous"] = df.groupby(list(TREND_FIELDS), dropna=False)["median_ms"].pct_change(fill_method=None)
         return df, rows
 
 

@@ -1,6 +1,6 @@
 """Backend registry: one line per backend, each in its own module."""
 
-from ..core.errors import UsageError
+from ..core.registry import lookup
 from .base import Backend, PrepareContext, Prepared
 from .eager import EagerBackend
 from .inductor import InductorBackend
@@ -25,10 +25,7 @@ DEFAULT_BACKEND = "aio"
 
 
 def get_backend(name: str) -> Backend:
-    try:
-        return BACKENDS[name]
-    except KeyError:
-        raise UsageError(f"backend {name!r} is unknown; accepted: {', '.join(BACKENDS)}, all") from None
+    return lookup(BACKENDS, name, "backend", also=("all",))
 
 
 def available_backends() -> list[str]:

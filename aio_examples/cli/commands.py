@@ -147,7 +147,7 @@ def do_matrix(args) -> int:
     precisions = _names(args.precisions, PRECISIONS, "precision")
     readme = Path(args.readme) if args.readme else None
     if readme is not None and not readme.is_file():
-        raise UsageError(f"--readme {args.readme!r} is not a file; accepted: a README with support-matrix markers")
+        raise UsageError(f"--readme {args.readme!r} is not a file; accepted: a Markdown file with support-matrix markers (docs/backends.md)")
     out_dir = check_output_dir(args.output)
     if not args.render_only:
         threads = None

@@ -31,16 +31,8 @@ def comma_list(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog=PROG, description="Benchmark CPU inference with PyTorch across backends and precisions.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    run_p = sub.add_parser("run", help="measure one model")
-    run_p.add_argument("model")
-    add_run_arguments(run_p)
-    list_p = sub.add_parser("list", help="the model zoo with task, input shape and FLOPs")
-    list_p.add_argument("--no-flops", action="store_true", help="skip counting FLOPs (counted once, then cached)")
-    list_p.add_argument("--json", action="store_true")
-    sub.add_parser("setup", help="check (and adapt) the installed libraries")
+def _add_drivers(sub) -> None:
+    """matrix, sweep and throughput: the commands that start a process per point."""
     mx = sub.add_parser("matrix", help="which model x backend x precision runs here (each in its own process)")
     mx.add_argument("--models", default=None, help="comma list (default: the whole zoo)")
     mx.add_argument("--backends", default=None, help="comma list (default: all)")
@@ -50,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     mx.add_argument("--point-timeout", type=positive("--point-timeout", float, "seconds > 0"), default=900.0,
                     help="seconds per model x backend x precision before its process is killed")
     mx.add_argument("--render-only", action="store_true", help="only render the records already in --output")
-    mx.add_argument("--readme", default=None, help="also replace the support matrix section of this README")
+    mx.add_argument("--readme", default=None, help="also replace the support matrix between the markers of this Markdown file (docs/backends.md)")
     sw = sub.add_parser("sweep", help="every combination of the given axes, each point in its own bound process")
     sw.add_argument("models", nargs="*", help="zoo names (or in --config)")
     sw.add_argument("--config", default=None, help="a TOML file with the same keys (see sweeps/); flags override it")
@@ -90,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     tp.add_argument("--input-size", type=positive("--input-size"), default=None)
     tp.add_argument("--seq-len", type=positive("--seq-len"), default=None)
     tp.add_argument("--output", default="results", help="folder for results.jsonl (default ./results)")
+
+
+def _add_reports(sub) -> None:
+    """peak and report."""
     pk = sub.add_parser("peak", help="this machine's matrix-multiply peak per precision and threads (cached)")
     pk.add_argument("--precisions", type=comma_list, default=["fp32", "bf16"], help="comma list of fp32, bf16")
     pk.add_argument("--threads", type=ints("--threads"), default=None,
@@ -100,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--include-contended", action="store_true",
                     help="keep configurations measured while other processes held their cores in the suite view "
                          "and its geometric means (they are marked either way)")
+
+
+def _add_analysis(sub) -> None:
+    """compare, history and nightly: the commands over stored runs."""
     history_help = "the history database (default results/history.sqlite, or AIO_HISTORY)"
     cp = sub.add_parser("compare", help="what got slower between two runs (exit 1 on a regression)")
     cp.add_argument("baseline", help="results folder or file, or history:ID / history:latest")
@@ -135,6 +135,18 @@ def build_parser() -> argparse.ArgumentParser:
     nt.add_argument("--threshold", default="5%", help="smallest change that matters (default 5%%)")
     nt.add_argument("--output", default=None, help="folder for regression.md/html/json (default RESULTS/regression)")
     nt.add_argument("--history", default=None, help=history_help)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog=PROG, description="Benchmark CPU inference with PyTorch across backends and precisions.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    run_p = sub.add_parser("run", help="measure one model")
+    run_p.add_argument("model")
+    add_run_arguments(run_p)
+    list_p = sub.add_parser("list", help="the model zoo with task, input shape and FLOPs")
+    list_p.add_argument("--no-flops", action="store_true", help="skip counting FLOPs (counted once, then cached)")
+    list_p.add_argument("--json", action="store_true")
+    sub.add_parser("setup", help="check (and adapt) the installed libraries")
+    for add in (_add_drivers, _add_reports, _add_analysis):
+        add(sub)
     return parser
-
-

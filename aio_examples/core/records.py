@@ -110,7 +110,7 @@ class Result:
     samples_ms: list = field(default_factory=list)
     metrics: dict = field(default_factory=dict)      # task extras, e.g. time to first token
     speedup_vs_eager_fp32: float | None = None       # only for status ok: a wrong answer is no speedup
-    check: dict | None = None                        # outputs vs eager fp32, see checks.py
+    check: dict | None = None                        # outputs vs eager fp32, see measurement/output_check.py
     probe: dict | None = None                        # machine probe per round (machine/probe.py), when asked
     turns: list | None = None                        # [passes, start (Unix s)] per turn, taking turns (drivers/turns.py)
     strategy: str | None = None                      # how the backend ran it (the optimized backend chooses)
@@ -201,7 +201,7 @@ class Result:
 
     @property
     def shape_label(self) -> str:
-        return ",".join(f"{k}={v}" for k, v in sorted((self.input_shape or {}).items()) if k != "batch_size")
+        return shape_label(self.input_shape)
 
     @property
     def is_instance(self) -> bool:
@@ -215,6 +215,11 @@ class Result:
                          self.instances, self.allocator, self.shape_label,
                          (self.scenario or DEFAULT_SCENARIO).get("key") or "latency", self.dataset or "synthetic",
                          self.machine or machine or "unknown")
+
+
+def shape_label(input_shape: dict | None) -> str:
+    """The shape part of a configuration key: the input shape without the batch, e.g. `input_size=224`."""
+    return ",".join(f"{k}={v}" for k, v in sorted((input_shape or {}).items()) if k != "batch_size")
 
 
 def _scenario_of_old(d: dict) -> dict:

@@ -1,6 +1,6 @@
 """Dataset registry: one line per dataset, each in its own module (see base.py for what one provides)."""
 
-from ..core.errors import UsageError
+from ..core.registry import lookup
 from .base import Batch, Dataset
 from .synthetic import SyntheticDataset
 
@@ -12,10 +12,7 @@ DEFAULT_DATASET = "synthetic"
 
 
 def get_dataset(name: str) -> Dataset:
-    try:
-        return DATASETS[name]
-    except KeyError:
-        raise UsageError(f"dataset {name!r} is unknown; accepted: {', '.join(DATASETS)}") from None
+    return lookup(DATASETS, name, "dataset")
 
 
 __all__ = ["DATASETS", "DEFAULT_DATASET", "Batch", "Dataset", "get_dataset"]

@@ -95,7 +95,7 @@ def render(out_dir: Path, models, backends, precisions) -> str:
 
 
 def update_readme(readme: Path, table: str) -> None:
-    """Replace the text between the support-matrix markers of the README."""
+    """Replace the text between the support-matrix markers of a Markdown file (docs/backends.md)."""
     text = readme.read_text()
     if README_START not in text or README_END not in text:
         raise ValueError(f"{readme} has no support-matrix markers ({README_START} ... {README_END})")

@@ -16,12 +16,14 @@ import sys
 import time
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
+from functools import cached_property
 from pathlib import Path
 
 from ..core import records as res
 from ..core.errors import UnsupportedError, UsageError
 from ..core.log import logger
 from ..core.processes import run_isolated
+from ..core.records import ConfigKey, shape_label
 from ..machine import allocators
 from ..machine.binding import plan, probe
 from ..machine.topology import numa_cpus_from_env, read_topology
@@ -30,6 +32,10 @@ from .turns import Taker
 from .worker import record_failure, run_argv
 
 SHAPE_KEYS = ("input_size", "seq_len", "new_tokens")
+
+
+def _digest(fields_: dict) -> str:
+    return hashlib.sha256(json.dumps(fields_, sort_keys=True).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -43,13 +49,28 @@ class Point:
     shape: tuple = ()                  # sorted (name, value) overrides, e.g. (("seq_len", 128),)
     repeat: int = 0                    # the same configuration again, in another process (SweepConfig.repeats)
 
-    @property
+    @cached_property
+    def key(self) -> ConfigKey:
+        """The configuration this point measures, on whichever machine runs it (`machine` is "*")."""
+        from ..models import get_model
+
+        spec = get_model(self.model)
+        return ConfigKey(self.model, spec.task, self.backend, self.precision, self.batch_size, self.threads, 1,
+                         self.allocator, shape_label(spec.shape(**dict(self.shape))), "latency", "synthetic", "*")
+
+    @cached_property
     def point_id(self) -> str:
+        """A digest of the point's configuration key (and its repeat), stamped on its record: the records a
+        resumed sweep finds, and skips."""
+        return _digest({**self.key._asdict(), **({"repeat": self.repeat} if self.repeat else {})})
+
+    @property
+    def legacy_point_id(self) -> str:
+        """The point's id in release 0.1 (a digest of the sweep's own fields), so its outputs resume too."""
         fields_ = asdict(self)
         if not fields_["repeat"]:
-            del fields_["repeat"]       # a sweep without repeats keeps the ids it always had
-        text = json.dumps(fields_, sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+            del fields_["repeat"]
+        return _digest(fields_)
 
     @property
     def label(self) -> str:
@@ -302,7 +323,7 @@ def run_sweep(cfg: SweepConfig, quiet: bool = False) -> SweepSummary:
     for t in sorted({p.threads for p in points}):
         topology.pick_cpus(t, numa_cpus)         # too many threads for this machine: say so before running
     done = finished_points(out)
-    todo = [p for p in points if p.point_id not in done]
+    todo = [p for p in points if p.point_id not in done and p.legacy_point_id not in done]
     statuses: dict[str, int] = {}
     start = time.perf_counter()
     interrupted = False

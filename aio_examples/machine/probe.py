@@ -8,7 +8,7 @@ A shared virtual machine moves under a benchmark. Two kinds of move were measure
   nearer or further apart, and a barrier took longer;
 * the whole machine: on another day every configuration, one thread or two, ran up to 11% faster or 7%
   slower than usual for ten minutes and more at a time, and one-core numpy kernels moved with them (see
-  README, nightly regression reports).
+  docs/regression.md).
 
 So a process that asks for it (`run --probe`, a sweep's `probe = true`) reads both after each round of
 its model's passes, and `compare` relates each configuration's round medians to them and takes the

@@ -97,70 +97,34 @@ def run(req: RunRequest, out_dir: Path | None = None, run_id: str | None = None,
     """
     import torch
 
-    run_id = run_id or res.new_run_id()
     threads_in_effect = apply_threads(req.threads.threads)
     module = req.module if req.module is not None else req.spec.build(req.weights, req.model_dir, req.shape)
     module.eval()
     inputs = req.example_inputs or req.dataset.example_inputs(req.spec, req.batch_size, req.shape, module)
-    weights, weights_path = _weights_label(req)
     ctx = PrepareContext(
         model_name=req.spec.name, task=req.spec.task, family=req.spec.family, shape=dict(req.shape),
         batch_size=req.batch_size, weights_id=weights_digest(module),
         calibration=(lambda n: [inputs] * n) if req.module is not None
         else lambda n: req.dataset.calibration_inputs(req.spec, req.batch_size, req.shape, module, n),
         time_passes=time_passes)
-    env = capture({**torchvision_status()})
-    binding = {"threads_in_effect": threads_in_effect, "threads_requested": req.threads.threads,
-               "threads_source": req.threads.source, "interop_threads": torch.get_num_interop_threads(),
-               "affinity": sorted(os.sched_getaffinity(0))}
-    applied, binding_warnings = _binding_applied()
-    binding.update(applied)
     configs = [(b, p) for p in req.precisions for b in req.backends]
     if reference and ("eager", "fp32") not in configs:
         configs.insert(0, ("eager", "fp32"))
-    if weights == "random":
-        logger.info("%s uses random weights (none can be loaded here by default): outputs are meaningless, "
-                    "timings are representative. Use --weights or --model-dir for real weights.", req.spec.name)
     with torch.no_grad():
         reference_output = req.spec.make_pass(_eager_fp32(module, inputs), req.shape)()
-    if req.module is None:
-        from .flops import cached_flops
-
-        try:        # counted once per model and shape at batch 1 (cached), then scaled by the batch
-            req.flops_per_pass = cached_flops(req.spec, dict(req.shape)) * req.batch_size
-        except Exception:  # noqa: BLE001  (a count the flop counter cannot make only costs the % of peak)
-            logger.debug("FLOPs of %s not counted", req.spec.name, exc_info=True)
-
+    _count_flops(req)
+    blank = _blank_record(req, run_id or res.new_run_id(), threads_in_effect)
     candidates = []
     for backend_name, precision in configs:
-        result = res.Result(
-            model=req.spec.name, task=req.spec.task, backend=backend_name, precision=precision,
-            batch_size=req.batch_size, threads=req.threads.threads,
-            input_shape=req.spec.input_shape(req.batch_size, req.shape), weights=weights, weights_path=weights_path,
-            confidence_target={"ci_rel_halfwidth": req.rule.ci_target, "confidence": req.rule.confidence},
-            binding=dict(binding), env=env, run_id=run_id, warnings=list(binding_warnings),
-            point_id=req.point_id, instances=req.scenario.instances, instance=req.scenario.instance(),
-            scenario=req.scenario.record(), dataset=req.dataset.name)
-        cand = _Candidate(backend_name, precision, result)
+        cand = _Candidate(backend_name, precision, res.Result.from_dict(
+            {**blank.to_dict(), "backend": backend_name, "precision": precision}))
         candidates.append(cand)
         _prepare(cand, req, module, inputs, ctx)
-
     active = [c for c in candidates if c.measurement is not None]
-    if active:
-        logger.info("measuring %s", ", ".join(f"{c.backend}/{c.precision}" for c in active)
-                    + (" in interleaved rounds so drift affects all alike" if len(active) > 1 else ""))
-    interrupted = False
-    try:
-        with torch.no_grad():
-            req.scenario.measure([c.measurement for c in active], _fail_measurement, _probe(req), req.rule.timeout_s)
-    except KeyboardInterrupt:
-        interrupted = True     # keep what was measured: write it, then stop
-        for cand in active:
-            if not cand.measurement.done:
-                cand.measurement.stop_reason = "interrupted"
+    interrupted = _drive(active, req)
     for cand in active:
         _fill(cand, req)
-        _check(cand, req, reference_output, weights)
+        _check(cand, req, reference_output, blank.weights)
     _speedups(candidates)
     if out_dir is not None:
         for cand in candidates:
@@ -168,6 +132,59 @@ def run(req: RunRequest, out_dir: Path | None = None, run_id: str | None = None,
     if interrupted:
         raise KeyboardInterrupt
     return [c.result for c in candidates]
+
+
+def _blank_record(req: RunRequest, run_id: str, threads_in_effect: int) -> res.Result:
+    """What every configuration's record of this run shares: the model, its inputs, the machine, the binding."""
+    import torch
+
+    weights, weights_path = _weights_label(req)
+    if weights == "random":
+        logger.info("%s uses random weights (none can be loaded here by default): outputs are meaningless, "
+                    "timings are representative. Use --weights or --model-dir for real weights.", req.spec.name)
+    binding = {"threads_in_effect": threads_in_effect, "threads_requested": req.threads.threads,
+               "threads_source": req.threads.source, "interop_threads": torch.get_num_interop_threads(),
+               "affinity": sorted(os.sched_getaffinity(0))}
+    applied, binding_warnings = _binding_applied()
+    binding.update(applied)
+    return res.Result(
+        model=req.spec.name, task=req.spec.task, backend="", precision="", batch_size=req.batch_size,
+        threads=req.threads.threads, input_shape=req.spec.input_shape(req.batch_size, req.shape), weights=weights,
+        weights_path=weights_path,
+        confidence_target={"ci_rel_halfwidth": req.rule.ci_target, "confidence": req.rule.confidence},
+        binding=binding, env=capture({**torchvision_status()}), run_id=run_id, warnings=binding_warnings,
+        point_id=req.point_id, instances=req.scenario.instances, instance=req.scenario.instance(),
+        scenario=req.scenario.record(), dataset=req.dataset.name)
+
+
+def _count_flops(req: RunRequest) -> None:
+    if req.module is not None:
+        return
+    from .flops import cached_flops
+
+    try:        # counted once per model and shape at batch 1 (cached), then scaled by the batch
+        req.flops_per_pass = cached_flops(req.spec, dict(req.shape)) * req.batch_size
+    except Exception:  # noqa: BLE001  (a count the flop counter cannot make only costs the % of peak)
+        logger.debug("FLOPs of %s not counted", req.spec.name, exc_info=True)
+
+
+def _drive(active: list[_Candidate], req: RunRequest) -> bool:
+    """Hand the prepared configurations to the scenario; True when Ctrl-C stopped it (what was measured is
+    kept: the records are still written, then the run stops)."""
+    import torch
+
+    if active:
+        logger.info("measuring %s", ", ".join(f"{c.backend}/{c.precision}" for c in active)
+                    + (" in interleaved rounds so drift affects all alike" if len(active) > 1 else ""))
+    try:
+        with torch.no_grad():
+            req.scenario.measure([c.measurement for c in active], _fail_measurement, _probe(req), req.rule.timeout_s)
+    except KeyboardInterrupt:
+        for cand in active:
+            if not cand.measurement.done:
+                cand.measurement.stop_reason = "interrupted"
+        return True
+    return False
 
 
 def _probe(req: RunRequest):

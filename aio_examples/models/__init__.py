@@ -1,6 +1,6 @@
 """The model zoo: one registry entry per model."""
 
-from ..core.errors import UsageError
+from ..core.registry import lookup
 from .base import ModelSpec, file_sha256, load_state_dict_file
 from .nlp import CausalLM, Encoder
 from .vision import Classifier, Detector
@@ -45,10 +45,7 @@ ZOO: dict[str, ModelSpec] = {spec.name: spec for spec in (
 
 
 def get_model(name: str) -> ModelSpec:
-    try:
-        return ZOO[name]
-    except KeyError:
-        raise UsageError(f"model {name!r} is unknown; accepted: {', '.join(ZOO)}") from None
+    return lookup(ZOO, name, "model")
 
 
 __all__ = ["ZOO", "ModelSpec", "file_sha256", "get_model", "load_state_dict_file"]

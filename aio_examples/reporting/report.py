@@ -206,6 +206,10 @@ def write_html(records, df, suite, setting, plots: dict, out: Path) -> Path:
         shown = suite.map(lambda v: "" if pd.isna(v) else f"{v:.2f}x")
         shown.columns = [f"{b} {p}" for b, p in shown.columns]
         parts.append(shown.to_html())
+    elif df.contended.astype(bool).any():
+        parts.append("<p>Nothing to compare: every single-instance configuration with an eager fp32 reference was "
+                     "measured while other processes held its cores (column contention); "
+                     "<code>--include-contended</code> shows them.</p>")
     else:
         parts.append("<p>No eager fp32 reference and single-instance results to compare against.</p>")
     parts.append("<h2 id='models'>Per model</h2>")

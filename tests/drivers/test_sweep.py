@@ -299,3 +299,22 @@ def test_ctrl_c_while_points_take_turns_keeps_what_each_measured(tmp_path):
     kept = records(out)
     assert [r["status"] for r in kept] == ["ok", "ok"], kept
     assert all(1 <= len(r["turns"]) < 600 and r["samples_ms"] for r in kept)
+
+
+def test_a_point_is_identified_by_its_configuration_key_and_outputs_of_release_0_1_still_resume(tmp_path):
+    from aio_examples.drivers.sweep import Point, run_sweep
+    from aio_examples.drivers.worker import record_failure
+    from aio_examples.models import get_model
+
+    default, explicit = Point("squeezenet", "eager", "fp32", 1, 1), Point("squeezenet", "eager", "fp32", 1, 1,
+                                                                         shape=(("input_size", 224),))
+    assert default.key == explicit.key and default.point_id == explicit.point_id      # the same configuration
+    assert default.key.shape == "input_size=224" and default.key.task == "image-classification"
+    assert Point("squeezenet", "eager", "fp32", 1, 1, repeat=1).point_id != default.point_id
+    cfg = SweepConfig(models=["squeezenet"], backends=["eager", "torchscript"], threads=[1], output=str(tmp_path))
+    spec = get_model("squeezenet")
+    for point in cfg.points([1]):           # records written by release 0.1, under its ids
+        record_failure(tmp_path, spec, point.backend, point.precision, 1, 1, spec.shape(), "failed", "old",
+                       point_id=point.legacy_point_id)
+    summary = run_sweep(cfg, quiet=True)
+    assert (summary.total, summary.skipped, summary.statuses) == (2, 2, {})

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pandas as pd
 from conftest import run_cli
 
 from aio_examples.machine import contention
@@ -17,14 +18,14 @@ BUSY_LOOP = (f"import os, time\nos.sched_setaffinity(0, {{{CPU}}})\nend = time.m
              "while time.monotonic() < end: pass")
 
 
-def _run_pinned(tmp_path, name):
+def _run_pinned(tmp_path, name, backends="eager"):
     out = tmp_path / name
-    proc = run_cli(["-m", "aio_examples", "run", "resnet_18", "--backend", "eager", "-t", "1", "--input-size", "64",
+    proc = run_cli(["-m", "aio_examples", "run", "resnet_18", "--backend", backends, "-t", "1", "--input-size", "64",
                     "--timeout", "3", "--json", "--output", str(out)], cpus={CPU})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    [record] = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert record["status"] == "ok", record["reason"]
-    return record, proc.stderr
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [r["status"] for r in records] == ["ok"] * len(records), [r["reason"] for r in records]
+    return records[0], proc.stderr
 
 
 def _contention_warnings(record):
@@ -35,7 +36,7 @@ def test_a_busy_loop_on_the_runs_core_is_measured_and_warned_of_and_a_quiet_run_
     quiet, _ = _run_pinned(tmp_path, "quiet")
     loop = subprocess.Popen([sys.executable, "-c", BUSY_LOOP])
     try:
-        busy, stderr = _run_pinned(tmp_path, "busy")
+        busy, stderr = _run_pinned(tmp_path, "busy", backends="eager,torchscript")
     finally:
         loop.kill()
         loop.wait()
@@ -49,6 +50,17 @@ def test_a_busy_loop_on_the_runs_core_is_measured_and_warned_of_and_a_quiet_run_
     assert quiet["contention"]["busy_elsewhere_cores"] < figure
     if quiet["contention"]["busy_elsewhere_cores"] <= CONTENDED_CORES:
         assert not _contention_warnings(quiet)
+    # The report marks the contended configurations and leaves them out of the suite view unless asked.
+    report = run_cli(["-m", "aio_examples", "report", str(tmp_path / "busy"), "--output", str(tmp_path / "report")])
+    assert report.returncode == 0, report.stderr[-2000:]
+    summary = pd.read_csv(tmp_path / "report" / "summary.csv")
+    assert list(summary.contended) == [True, True] and (summary.contention > CONTENDED_CORES).all()
+    page = (tmp_path / "report" / "report.html").read_text()
+    assert "measured while other processes held its cores" in page
+    kept = run_cli(["-m", "aio_examples", "report", str(tmp_path / "busy"), "--output", str(tmp_path / "kept"),
+                    "--include-contended"])
+    assert kept.returncode == 0, kept.stderr[-2000:]
+    assert "torchscript fp32" in (tmp_path / "kept" / "report.html").read_text().split("id='models'")[0]
 
 
 def test_busy_elsewhere_is_busy_time_of_our_cores_minus_our_own_per_wall_second():

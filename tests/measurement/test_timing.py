@@ -7,6 +7,7 @@ import pytest
 
 from aio_examples.core.errors import UsageError
 from aio_examples.measurement import timing
+from aio_examples.measurement.scenarios.turns import TurnsScenario
 from aio_examples.measurement.timing import Measurement, StopRule, consume, measure
 
 
@@ -37,8 +38,11 @@ class FakeClock:
 
 @pytest.fixture
 def clock(monkeypatch):
+    from aio_examples.measurement.scenarios import turns
+
     c = FakeClock()
     monkeypatch.setattr(timing, "time", c)
+    monkeypatch.setattr(turns, "time", c)        # the turns scenario's rounds run on the same clock
     return c
 
 
@@ -229,7 +233,7 @@ def sweep_side(commands: list[str]):
     import threading
     from multiprocessing.connection import Connection
 
-    from aio_examples.drivers.turns import Turns
+    from aio_examples.measurement.scenarios.turns import Turns
 
     to_r, to_w = os.pipe()
     from_r, from_w = os.pipe()
@@ -245,6 +249,7 @@ def sweep_side(commands: list[str]):
     return Turns(f"{to_r},{from_w}"), threading.Thread(target=drive), heard
 
 
+# Taking turns is a scenario (measurement/scenarios/turns.py) over these timing mechanics.
 def test_taking_turns_runs_one_round_per_go_until_stop_whatever_the_stop_rule_says(clock):
     """A point taking turns says ready once warmed up, measures exactly one round for each go (its own
     stop rule would have stopped it after 2 s: the sweep decides), answers done, and stops on stop; each
@@ -252,7 +257,7 @@ def test_taking_turns_runs_one_round_per_go_until_stop_whatever_the_stop_rule_sa
     turns, driver, heard = sweep_side(["go"] * 6 + ["stop"])
     m = Measurement(passes(clock, [100] * 10_000), StopRule(timeout_s=2.0))
     driver.start()
-    measure([m], round_s=0.5, probe=CountingProbe(clock), turns=turns)
+    TurnsScenario(turns, round_s=0.5).measure([m], None, CountingProbe(clock), 2.0)
     driver.join(timeout=10)
     assert heard == ["ready"] + ["done"] * 6
     assert [n for n, _, _ in m.rounds] == [5] * 6 and sum(n for n, _, _ in m.rounds) == len(m.samples_ns)
@@ -270,7 +275,7 @@ def test_a_point_whose_pass_fails_still_answers_every_turn(clock):
     m = Measurement(broken, StopRule(timeout_s=2.0), first_pass_ms=1.0)     # warmed up already
     seen = []
     driver.start()
-    measure([m], turns=turns, on_error=lambda m, exc: seen.append(str(exc)))
+    TurnsScenario(turns).measure([m], lambda m, exc: seen.append(str(exc)), None, 2.0)
     driver.join(timeout=10)
     assert heard == ["ready", "done", "done", "done"] and seen == ["boom"]
     assert m.stop_reason == "error" and m.rounds == []
@@ -279,4 +284,4 @@ def test_a_point_whose_pass_fails_still_answers_every_turn(clock):
 def test_a_point_taking_turns_measures_one_backend():
     turns, _, _ = sweep_side([])
     with pytest.raises(UsageError, match="exactly one backend"):
-        measure([Measurement(lambda: None, StopRule(), first_pass_ms=1.0)] * 2, turns=turns)
+        TurnsScenario(turns).measure([Measurement(lambda: None, StopRule(), first_pass_ms=1.0)] * 2, None, None, 1.0)
