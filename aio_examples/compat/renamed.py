@@ -27,7 +27,7 @@ RENAMED = {
     "flops": ("measurement.flops",), "runner": ("measurement.runner",),
     "sweep": ("drivers.sweep",), "matrix": ("drivers.matrix",), "instances": ("drivers.instances",),
     "turns": ("drivers.turns",),
-    "compare": ("analysis.compare", "analysis.runs", "analysis.noise", "reporting.regression"),
+    "compare": ("analysis.compare", "analysis.runs", "analysis.noise", "reporting.regression", "analysis.history"),
     "history": ("analysis.history",),
     "report": ("reporting.report",), "nightly": ("reporting.nightly",), "demo": ("reporting.demo",),
 }
