@@ -1,7 +1,7 @@
 """What other processes take of this process's cores: how a shared machine spoils a measurement unseen.
 
-Measured here: another process holding one of two cores made eager resnet_50_v1 at 2 threads 10x slower,
-and nothing in the record said so. The kernel counts every core's busy time (/proc/stat, read through
+Measured here: a busy loop sharing the one CPU of a 1-thread eager resnet_18 run (64x64) made it 2x slower
+(11.5 -> 23.7 ms), and before this module nothing in the record said so. The kernel counts every core's busy time (/proc/stat, read through
 psutil); the busy time of our cores minus our own CPU time is what the others took.
 """
 
@@ -11,7 +11,8 @@ from typing import NamedTuple
 
 import psutil
 
-# A quarter of a core: above what quiet runs read here (0.00; daemons and the 10-ms tick rounding of /proc/stat
+# A quarter of a core beyond the spare cores of the run's affinity set (measurement/runner.py): above what
+# quiet runs read here (0.00; daemons and the 10-ms tick rounding of /proc/stat
 # stay within hundredths), and half of what one busy loop sharing a run's core reads (0.50, and the run then
 # measured 2x slower). At several threads even less can cost more: a barrier waits for the slowest thread.
 CONTENDED_CORES = 0.25

@@ -316,10 +316,15 @@ def _contention(m: Measurement, r: res.Result) -> None:
     busy = m.contention
     if busy is None:
         return
-    r.contention = {"busy_elsewhere_cores": round(busy, 2), "threshold_cores": CONTENDED_CORES}
-    if busy > CONTENDED_CORES:
-        r.warnings.append(f"other processes kept {busy:.2f} of this run's cores busy while it measured: "
-                          "its timings are not representative")
+    # Cores of the affinity set beyond the threads are spare: what others run there leaves ours alone (a
+    # 1-thread run on two cores beside one busy process); only the load beyond them takes from the run.
+    spare = max(0, len(r.binding.get("affinity") or []) - r.threads)
+    limit = spare + CONTENDED_CORES
+    r.contention = {"busy_elsewhere_cores": round(busy, 2), "spare_cores": spare, "threshold_cores": limit,
+                    "contended": busy > limit}
+    if busy > limit:
+        r.warnings.append(f"other processes kept {busy:.2f} of this run's cores busy while it measured"
+                          + (f" ({spare} spare)" if spare else "") + ": its timings are not representative")
         logger.warning("%s/%s: %s", r.backend, r.precision, r.warnings[-1])
 
 

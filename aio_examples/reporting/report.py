@@ -41,7 +41,7 @@ def _contention(r: Result) -> tuple[float | None, bool]:
     busy = c.get("busy_elsewhere_cores")
     if busy is None:
         return None, False
-    return busy, busy > c.get("threshold_cores", 0.25)
+    return busy, bool(c.get("contended", busy > c.get("threshold_cores", 0.25)))
 
 
 def summary_frame(records, peaks: dict | None = None):

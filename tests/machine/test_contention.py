@@ -73,3 +73,23 @@ def test_busy_elsewhere_is_busy_time_of_our_cores_minus_our_own_per_wall_second(
 def test_a_snapshot_counts_only_the_cores_asked_for():
     one, every = contention.snapshot({CPU}), contention.snapshot()
     assert 0 < one.busy_s <= every.busy_s and one.own_s > 0
+
+
+def test_load_on_the_spare_cores_of_a_runs_affinity_set_leaves_it_alone():
+    from types import SimpleNamespace
+
+    from aio_examples.core.records import Result
+    from aio_examples.measurement.runner import _contention
+
+    def judged(threads, busy):
+        r = Result(model="m", task="t", backend="eager", precision="fp32", batch_size=1, threads=threads,
+                   input_shape={}, binding={"affinity": [0, 1]})
+        _contention(SimpleNamespace(contention=busy), r)
+        return r.contention, r.warnings
+
+    one_thread, warnings = judged(1, 0.9)           # one busy process on the other core of two
+    assert one_thread == {"busy_elsewhere_cores": 0.9, "spare_cores": 1, "threshold_cores": 1 + CONTENDED_CORES,
+                          "contended": False} and warnings == []
+    two_threads, warnings = judged(2, 0.9)
+    assert two_threads["contended"] and two_threads["spare_cores"] == 0 and "0.90 of this run's cores" in warnings[0]
+    assert judged(1, 1.5)[0]["contended"] and "(1 spare)" in judged(1, 1.5)[1][0]
