@@ -1,9 +1,8 @@
 """Multi-instance throughput: N processes x T threads on disjoint cores, started together.
 
 Each instance prepares and warms up on its own, says it is ready (a file in a shared folder), then
-waits for the start time the driver writes once all are ready. From that instant each runs passes
-for the window and records when each pass ended (`time.monotonic_ns`, one clock for the machine).
-The aggregate throughput is the *sum* of work completed by all instances in the window in which all
+waits for the start time this driver writes once all are ready; from that instant it runs passes for
+the window (the window scenario, measurement/scenarios/window.py, is the instance's side). The aggregate throughput is the *sum* of work completed by all instances in the window in which all
 of them were running, divided by that window; an average of per-instance figures would hide a slow
 instance. Per-instance latencies are kept in their own records.
 """

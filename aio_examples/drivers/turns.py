@@ -8,9 +8,8 @@ points are started and warmed up one after another, then the sweep hands out one
 shuffled order every cycle, so each point's passes come from states spread over the whole stretch, while
 still only one point runs at a time and each stays in its own process.
 
-The sweep talks to each process over a pair of pipes (`run --turns R,W`, file descriptors inherited):
-the process says `ready` once warmed up, then measures one round for every `go` and answers `done`,
-until `stop`, when it writes its record and exits as a lone run would.
+This is the sweep's side of the pipes; the process's side, and what it answers, is the turns scenario
+(measurement/scenarios/turns.py).
 """
 
 import os
