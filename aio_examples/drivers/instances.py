@@ -134,4 +134,12 @@ def _aggregate_record(spec, point, shape, instances, cpu_sets, bindings, records
     r.strategy = strategies.pop() if len(strategies) == 1 else "mixed: " + ", ".join(sorted(map(str, strategies)))
     r.metrics = {k: records[0].metrics[k] for k in ("flops_per_pass", "units_per_pass") if k in records[0].metrics}
     r.check = {"passed": all(x.check["passed"] for x in records if x.check)}
+    read = [x.contention for x in records if x.contention]
+    if read:     # each instance's cores are its own: what others took of them adds up over the instances
+        r.contention = {"busy_elsewhere_cores": round(sum(c["busy_elsewhere_cores"] for c in read), 2),
+                        "threshold_cores": sum(c.get("threshold_cores", 0.25) for c in read),
+                        "contended": any(c.get("contended") for c in read)}
+        if r.contention["contended"]:
+            r.warnings.append("other processes held the cores of an instance while it measured (see layout): "
+                              "the aggregate throughput is not representative")
     return r

@@ -162,6 +162,8 @@ def test_two_instances_on_disjoint_cores_sum_their_throughput(tmp_path):
     assert agg["instances"] == 2 and agg["threads"] == 1 and agg["status"] == "ok"
     per = [e["throughput"] for e in agg["instance"]["layout"]]
     assert agg["throughput"]["value"] == pytest.approx(sum(per)) and min(per) > 0
+    busy = [e["contention"] for e in agg["instance"]["layout"]]
+    assert agg["contention"]["busy_elsewhere_cores"] == pytest.approx(sum(busy), abs=0.011)
     assert agg["throughput"]["value"] > max(r["throughput"]["value"] for r in instances) * 1.2
     assert f"{agg['throughput']['value']:.2f}" in proc.stdout
 
