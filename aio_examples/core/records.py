@@ -9,13 +9,14 @@ every 1.x schema load. Bump SCHEMA_VERSION on any change of the fields.
 import hashlib
 import json
 import os
+import sys
 import uuid
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import NamedTuple
 
-from .errors import UsageError
+from .errors import AioError, UsageError
 
 SCHEMA_VERSION = "1.6"
 STATUSES = ("ok", "fail_accuracy", "unsupported", "failed", "timeout")
@@ -243,41 +244,102 @@ def check_output_dir(path) -> Path:
     except OSError as exc:
         raise UsageError(f"--output {str(path)!r} is not writable ({exc.strerror}); "
                          "accepted: a folder this user can create and write") from exc
+    results = out / "results.jsonl"
+    if results.exists() and (not results.is_file() or not os.access(results, os.W_OK)):
+        raise UsageError(f"--output {str(path)!r} holds a results.jsonl that is not a writable file; "
+                         "accepted: a folder whose results.jsonl, if any, records can be appended to")
     return out
 
 
 def append(out_dir: Path, result: Result) -> Path:
-    """Append one record as one line in one write, flushed to disk, so a kill leaves no half line."""
+    """Append one record as one line in one write, flushed to disk: all of it or nothing.
+
+    A write the disk cannot take whole (full, quota) is taken back, so no half line is left for the next
+    record to be glued onto; the record is then kept in `$AIO_CACHE_DIR/unsaved/` (or, failing that,
+    printed to stderr) and RecordNotSaved says where.
+    """
     path = Path(out_dir) / "results.jsonl"
     line = (result.to_json() + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
-        os.write(fd, line)
-        os.fsync(fd)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError as exc:
+        raise RecordNotSaved(f"{path}: the record of {result.model} {result.backend}/{result.precision} was not "
+                             f"appended ({exc.strerror}); {_keep_unsaved(result)}") from None
+    try:
+        written = 0
+        try:
+            written = os.write(fd, line)
+            if written == len(line):
+                os.fsync(fd)
+                return path
+            problem = f"only {written} of {len(line)} bytes fit"
+        except OSError as exc:          # the write itself, or the flush of a write the disk could not keep
+            problem = exc.strerror or str(exc)
+        end = os.lseek(fd, 0, os.SEEK_CUR)          # with O_APPEND: where our bytes (if any) ended
+        if written and os.fstat(fd).st_size == end:  # nobody appended after us: take our bytes back
+            os.ftruncate(fd, end - written)
     finally:
         os.close(fd)
-    return path
+    raise RecordNotSaved(f"{path}: the record of {result.model} {result.backend}/{result.precision} was not "
+                         f"appended ({problem}); {_keep_unsaved(result)}")
+
+
+class RecordNotSaved(AioError):
+    """A measured record could not be appended to its results file (it was kept elsewhere)."""
+
+
+def _keep_unsaved(result: Result) -> str:
+    """Put a record that could not be appended where it can be recovered; say where."""
+    from .paths import cache_dir
+
+    try:
+        target = cache_dir("unsaved") / f"{result.run_id}-{result.model}-{result.backend}-{result.precision}.json"
+        target.write_text(result.to_json() + "\n")
+        return f"it is kept in {target} (append it to a results.jsonl to use it)"
+    except OSError:
+        sys.stderr.write(result.to_json() + "\n")
+        return "it was printed to stderr above (nothing else could be written either)"
 
 
 def read(path, since: int = 0) -> list[Result]:
     """Records of a results.jsonl file (or of `results.jsonl` inside a folder), from byte offset `since`.
-    A line that is not a record is an error naming the file and line."""
+
+    A line that is not a record is an error naming the file and line, except a last line cut short (no
+    line end: a write that a crash or a full disk tore, before appends were all or nothing), which is
+    skipped with a warning: the good records before it are not held hostage by it.
+    """
     path = Path(path)
     if path.is_dir():
         path = path / "results.jsonl"
-    records = []
     with open(path, "rb") as fh:
         fh.seek(since)
-        for number, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}" if not since else f"{path}, line {number} after byte {since},"
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UsageError(f"{where} is not a JSON record ({exc.msg})") from exc
-            records.append(Result.from_dict(d, where))
+        lines = fh.read().split(b"\n")
+    torn = lines.pop()                  # after the last line end: empty, or a torn last line
+    records = []
+    for number, line in enumerate(lines, 1):
+        if line.strip():
+            records.append(_parse(line, _where(path, number, since)))
+    if torn.strip():
+        where = _where(path, len(lines) + 1, since)
+        try:
+            records.append(_parse(torn, where))
+        except UsageError as exc:
+            from .log import logger
+
+            logger.warning("%s: skipped (a line cut short by an interrupted write)", exc)
     return records
+
+
+def _where(path: Path, number: int, since: int) -> str:
+    return f"{path}:{number}" if not since else f"{path}, line {number} after byte {since},"
+
+
+def _parse(line: bytes, where: str) -> Result:
+    try:
+        d = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{where} is not a JSON record ({exc.msg})") from exc
+    return Result.from_dict(d, where)
 
 
 def load_records(paths) -> list[Result]:

@@ -127,11 +127,22 @@ def run(req: RunRequest, out_dir: Path | None = None, run_id: str | None = None,
         _check(cand, req, reference_output, blank.weights)
     _speedups(candidates)
     if out_dir is not None:
-        for cand in candidates:
-            res.append(out_dir, cand.result)
+        _append_all(out_dir, [c.result for c in candidates])
     if interrupted:
         raise KeyboardInterrupt
     return [c.result for c in candidates]
+
+
+def _append_all(out_dir: Path, results: list[res.Result]) -> None:
+    """Append every record, each on its own: one that cannot be written does not cost the others."""
+    lost = []
+    for r in results:
+        try:
+            res.append(out_dir, r)
+        except res.RecordNotSaved as exc:
+            lost.append(str(exc))
+    if lost:
+        raise res.RecordNotSaved("; ".join(lost))
 
 
 def _blank_record(req: RunRequest, run_id: str, threads_in_effect: int) -> res.Result:
