@@ -191,7 +191,8 @@ class SweepSummary:
 
 
 def finished_points(out: Path) -> set[str]:
-    return {r.point_id for r in res.records_in(out) if r.point_id}
+    """Points that have a record, but for those interrupted (Ctrl-C) before their measurement was done."""
+    return {r.point_id for r in res.records_in(out) if r.point_id and r.stop_reason != "interrupted"}
 
 
 def point_env(point: Point, binding, base=None) -> dict:
@@ -281,8 +282,8 @@ def run_taking_turns(points: list[Point], cfg: SweepConfig, out: Path, topology,
             while takers:                   # one record at a time, in the sweep's order
                 yield _stop_taker(takers.pop(0), cfg, out)
         finally:
-            for taker in takers:            # interrupted: whoever measured writes what it has
-                _stop_taker(taker, cfg, out)
+            for taker in takers:            # interrupted: whoever measured writes what it has, saying so
+                _stop_taker(taker, cfg, out, interrupted=True)
 
 
 MEMORY_MARGIN = 1 << 30      # bytes kept free beyond another process like the largest so far
@@ -300,9 +301,9 @@ def _start_taker(point: Point, cfg: SweepConfig, out: Path, topology, numa_cpus)
     return _stop_taker(taker, cfg, out), None
 
 
-def _stop_taker(taker: Taker, cfg: SweepConfig, out: Path) -> str:
+def _stop_taker(taker: Taker, cfg: SweepConfig, out: Path, interrupted: bool = False) -> str:
     launch, start = taker.context
-    return status_of(launch, out, start, taker.stop(cfg.point_timeout))
+    return status_of(launch, out, start, taker.stop(cfg.point_timeout, interrupted))
 
 
 def _record(out, point: Point, spec, status: str, reason: str, binding) -> str:

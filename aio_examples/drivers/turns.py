@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
-from ..measurement.scenarios.turns import DONE, GO, READY, STOP
+from ..measurement.scenarios.turns import DONE, GO, INTERRUPT, READY, STOP
 
 
 @dataclass
@@ -83,11 +83,12 @@ class Taker:
             return False
         return self._expect(DONE, timeout_s)
 
-    def stop(self, timeout_s: float):
-        """Say stop (a process that measured writes its record and exits) and wait: its launch.Outcome.
-        One that crashed or hung mid-turn is killed by the wait's timeout at the latest."""
+    def stop(self, timeout_s: float, interrupted: bool = False):
+        """Say stop, or interrupt when the sweep was stopped early (a process that measured writes its record,
+        saying which, and exits) and wait: its Outcome. One that crashed or hung mid-turn is killed by the
+        wait's timeout at the latest."""
         try:
-            self.to_child.send(STOP)
+            self.to_child.send(INTERRUPT if interrupted else STOP)
         except OSError:
             pass
         try:

@@ -292,6 +292,9 @@ def _fill(cand: _Candidate, req: RunRequest) -> None:
     r.warmup = {"passes": m.warmup_passes, "seconds": round(m.warmup_s, 3)}
     r.measured_s = round(m.measured_s, 3)
     r.stop_reason = m.stop_reason
+    if m.stop_reason == "interrupted":
+        r.warnings.append(f"interrupted after {len(m.samples_ns)} measured passes: a resumed sweep measures it "
+                          "again")
     r.confidence_met = m.confidence_met
     if m.rounds and m.rounds[0][1] is not None:
         from ..machine.probe import MachineProbe

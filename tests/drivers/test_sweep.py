@@ -301,6 +301,14 @@ def test_ctrl_c_while_points_take_turns_keeps_what_each_measured(tmp_path):
     kept = records(out)
     assert [r["status"] for r in kept] == ["ok", "ok"], kept
     assert all(1 <= len(r["turns"]) < 600 and r["samples_ms"] for r in kept)
+    # Cut short, and said so: a resumed sweep measures both again instead of taking them as done.
+    assert all(r["stop_reason"] == "interrupted" and any("interrupted after" in w for w in r["warnings"])
+               for r in kept)
+    args[args.index("600")] = "2"
+    again = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "2 point(s) run (2 ok), 0 already done, of 2" in again.stdout
+    assert [r["stop_reason"] for r in records(out)] == ["interrupted", "interrupted", "turns", "turns"]
 
 
 def test_a_point_is_identified_by_its_configuration_key_and_outputs_of_release_0_1_still_resume(tmp_path):

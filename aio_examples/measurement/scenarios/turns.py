@@ -15,7 +15,7 @@ from ...core.errors import UsageError
 from ..timing import ROUND_GAP_S, ROUND_S, guarded, warm_up
 from .base import Scenario
 
-READY, GO, DONE, STOP = "ready", "go", "done", "stop"
+READY, GO, DONE, STOP, INTERRUPT = "ready", "go", "done", "stop", "interrupt"
 
 
 class Turns:
@@ -28,16 +28,19 @@ class Turns:
             raise UsageError(f"--turns {spec!r} is invalid; accepted: READ_FD,WRITE_FD (set by a sweep)") from None
         self._in = Connection(read_fd, writable=False)
         self._out = Connection(write_fd, readable=False)
+        self.interrupted = False
 
     def ready(self) -> None:
         self._out.send(READY)
 
     def wait(self) -> bool:
-        """Block until the sweep says go (True) or stop (False; also if the sweep is gone)."""
+        """Block until the sweep says go (True) or stop, interrupt (False; also if the sweep is gone)."""
         try:
-            return self._in.recv() == GO
+            said = self._in.recv()
         except (EOFError, OSError):
-            return False
+            said = INTERRUPT
+        self.interrupted = said == INTERRUPT
+        return said == GO
 
     def done(self) -> None:
         self._out.send(DONE)
@@ -69,7 +72,9 @@ class TurnsScenario(Scenario):
                     m.turn_starts.append(started)
                     time.sleep(ROUND_GAP_S)
             self.turns.done()
-        if not m.done:
+        if self.turns.interrupted:
+            m.stop_reason = "interrupted"        # cut short: a resumed sweep measures it again
+        elif not m.done:
             m.stop_reason = "turns"
 
     def annotate(self, result, measurement, task_size):
