@@ -7,6 +7,7 @@ import sys
 import traceback
 
 from ..core.errors import AioError, UsageError
+from ..core.interrupts import Terminated, stop_on_signals
 from ..core.log import configure
 from ..drivers.worker import add_run_arguments
 from .commands import COMMANDS, do_run
@@ -21,7 +22,8 @@ def _guard(fn) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     try:
-        return fn()
+        with stop_on_signals():         # SIGTERM stops a command as Ctrl-C does
+            return fn()
     except UsageError as exc:
         if mode >= 3:
             traceback.print_exc()
@@ -32,6 +34,9 @@ def _guard(fn) -> int:
             traceback.print_exc()
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
+    except Terminated:
+        print(f"{PROG}: terminated (SIGTERM); records already written are kept", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; records already written are kept", file=sys.stderr)
         return 130

@@ -10,6 +10,7 @@ from pathlib import Path
 from ..backends import BACKENDS, PrepareContext, get_backend
 from ..backends.artifacts import weights_digest
 from ..compat.torchvision_shim import torchvision_status
+from ..core import interrupts
 from ..core import precision as prec
 from ..core import records as res
 from ..core.errors import UnsupportedError, UsageError
@@ -93,8 +94,14 @@ def run(req: RunRequest, out_dir: Path | None = None, run_id: str | None = None,
 
     With `reference`, eager fp32 is measured alongside when not requested, so every record gets
     its speedup over eager fp32 from the same run. Every record's outputs are checked against
-    eager fp32 on the same inputs.
+    eager fp32 on the same inputs. Ctrl-C or SIGTERM while preparing stops before anything is measured;
+    while measuring, the records of what was measured are written, then KeyboardInterrupt is raised.
     """
+    with interrupts.stop_on_signals():
+        return _run(req, out_dir, run_id, reference)
+
+
+def _run(req: RunRequest, out_dir: Path | None, run_id: str | None, reference: bool) -> list[res.Result]:
     import torch
 
     threads_in_effect = apply_threads(req.threads.threads)
@@ -120,6 +127,7 @@ def run(req: RunRequest, out_dir: Path | None = None, run_id: str | None = None,
             {**blank.to_dict(), "backend": backend_name, "precision": precision}))
         candidates.append(cand)
         _prepare(cand, req, module, inputs, ctx)
+        interrupts.check()          # a signal a library swallowed while preparing still stops the run
     active = [c for c in candidates if c.measurement is not None]
     interrupted = _drive(active, req)
     for cand in active:
@@ -129,7 +137,7 @@ def run(req: RunRequest, out_dir: Path | None = None, run_id: str | None = None,
     if out_dir is not None:
         _append_all(out_dir, [c.result for c in candidates])
     if interrupted:
-        raise KeyboardInterrupt
+        raise interrupted
     return [c.result for c in candidates]
 
 
@@ -179,9 +187,9 @@ def _count_flops(req: RunRequest) -> None:
         logger.debug("FLOPs of %s not counted", req.spec.name, exc_info=True)
 
 
-def _drive(active: list[_Candidate], req: RunRequest) -> bool:
-    """Hand the prepared configurations to the scenario; True when Ctrl-C stopped it (what was measured is
-    kept: the records are still written, then the run stops)."""
+def _drive(active: list[_Candidate], req: RunRequest) -> KeyboardInterrupt | None:
+    """Hand the prepared configurations to the scenario; the interrupt (Ctrl-C, SIGTERM) that stopped it, if
+    one did: what was measured is kept, the records are still written, then the run stops."""
     import torch
 
     if active:
@@ -190,12 +198,13 @@ def _drive(active: list[_Candidate], req: RunRequest) -> bool:
     try:
         with torch.no_grad():
             req.scenario.measure([c.measurement for c in active], _fail_measurement, _probe(req), req.rule.timeout_s)
-    except KeyboardInterrupt:
+        interrupts.check()
+    except KeyboardInterrupt as stop:
         for cand in active:
             if not cand.measurement.done:
                 cand.measurement.stop_reason = "interrupted"
-        return True
-    return False
+        return stop
+    return None
 
 
 def _probe(req: RunRequest):

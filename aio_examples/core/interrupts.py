@@ -1,0 +1,57 @@
+"""Ctrl-C and SIGTERM stop a run, always, and what was measured is kept.
+
+Both raise KeyboardInterrupt (SIGTERM as its subclass Terminated, so the command line can exit 143 instead
+of 130) and are remembered: a library that catches and drops the exception (a compiler's worker, a
+runtime's telemetry thread) cannot lose the request, because `check()` raises it again at the runner's next
+step.
+"""
+
+import signal
+import threading
+from contextlib import contextmanager
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: stop as on Ctrl-C."""
+
+
+_pending: int | None = None
+_depth = 0
+
+
+def _raise(signum: int):
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def _handler(signum, frame):
+    global _pending
+    _pending = signum
+    _raise(signum)
+
+
+@contextmanager
+def stop_on_signals():
+    """Within the block, SIGINT and SIGTERM raise (and are remembered for `check`). Only the main thread can
+    set handlers: elsewhere the block runs as it is."""
+    global _pending, _depth
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in previous:
+        signal.signal(s, _handler)
+    _depth += 1
+    try:
+        yield
+    finally:
+        _depth -= 1
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if not _depth:          # the outermost block forgets the signal it has answered
+            _pending = None
+
+
+def check() -> None:
+    """Raise the interrupt a signal asked for, if one came (and was swallowed on its way)."""
+    if _pending is not None:
+        _raise(_pending)
