@@ -138,7 +138,7 @@ def do_matrix(args) -> int:
 
     from ..backends import BACKENDS
     from ..core.precision import PRECISIONS
-    from ..core.records import check_output_dir
+    from ..core.records import check_output_dir, lock_output
     from ..drivers.matrix import render, run_matrix, update_readme
     from ..models import ZOO
 
@@ -148,14 +148,20 @@ def do_matrix(args) -> int:
     readme = Path(args.readme) if args.readme else None
     if readme is not None and not readme.is_file():
         raise UsageError(f"--readme {args.readme!r} is not a file; accepted: a Markdown file with support-matrix markers (docs/backends.md)")
-    out_dir = check_output_dir(args.output)
-    if not args.render_only:
+    if args.render_only:
+        out_dir = Path(args.output)
+        if not (out_dir / "results.jsonl").is_file():      # nothing to render: never a table of dashes
+            raise UsageError(f"--output {args.output!r} holds no matrix records to render; accepted: the folder "
+                             "of an earlier 'aio-examples matrix' run")
+    else:
+        out_dir = check_output_dir(args.output)
         threads = None
         if args.threads is not None:
             from ..machine.threads import resolve_threads
 
             threads = resolve_threads(args.threads).threads
-        run_matrix(models, backends, precisions, out_dir, threads, args.point_timeout)
+        with lock_output(out_dir, "a support matrix"):
+            run_matrix(models, backends, precisions, out_dir, threads, args.point_timeout)
     table = render(out_dir, models, backends, precisions)
     print(table)
     (out_dir / "support_matrix.md").write_text(table)
@@ -198,7 +204,7 @@ def do_sweep(args) -> int:
 def do_throughput(args) -> int:
     from ..backends import get_backend
     from ..core.precision import validate
-    from ..core.records import check_output_dir
+    from ..core.records import check_output_dir, lock_output
     from ..drivers.instances import run_throughput
     from ..machine.allocators import validate as valid_allocator
     from ..machine.topology import numa_cpus_from_env
@@ -211,8 +217,9 @@ def do_throughput(args) -> int:
     out = check_output_dir(args.output)
     shape = _shape_overrides(args)
     numa = numa_cpus_from_env()
-    records = run_throughput(args.model, args.backend, args.precision, args.batch_size, args.instances,
-                             args.threads_per_instance, args.timeout, out, shape, args.allocator, numa_cpus=numa)
+    with lock_output(out, f"a throughput run of {args.model}"):
+        records = run_throughput(args.model, args.backend, args.precision, args.batch_size, args.instances,
+                                 args.threads_per_instance, args.timeout, out, shape, args.allocator, numa_cpus=numa)
     agg = records[-1]
     for r in records[:-1]:
         lat = r.latency_ms or {}

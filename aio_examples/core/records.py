@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import uuid
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
@@ -249,6 +250,35 @@ def check_output_dir(path) -> Path:
         raise UsageError(f"--output {str(path)!r} holds a results.jsonl that is not a writable file; "
                          "accepted: a folder whose results.jsonl, if any, records can be appended to")
     return out
+
+
+LOCK_FILE = ".aio-examples.lock"
+
+
+@contextmanager
+def lock_output(out_dir: Path, what: str):
+    """Hold the results folder for one driver (a sweep, a matrix, a throughput run): a second one into the same
+    folder would measure every point again, on the same cores, at the same time as the first. The lock is the
+    kernel's (flock): it ends with the process that held it, however it ends."""
+    import fcntl
+    import socket
+
+    path = Path(out_dir) / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 1000, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise UsageError(f"--output {str(out_dir)!r} is in use by {holder}; accepted: a folder no other sweep, "
+                         "matrix or throughput run is writing to (wait for it, or choose another)") from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{what} (pid {os.getpid()} on {socket.gethostname()}, since "
+                      f"{datetime.now(UTC).isoformat(timespec='seconds')})".encode(), 0)
+        yield
+    finally:
+        os.close(fd)            # closing releases the lock
 
 
 def append(out_dir: Path, result: Result) -> Path:

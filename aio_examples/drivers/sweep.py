@@ -313,10 +313,16 @@ def _record(out, point: Point, spec, status: str, reason: str, binding) -> str:
 
 
 def run_sweep(cfg: SweepConfig, quiet: bool = False) -> SweepSummary:
-    """Run every point of the sweep that has no record yet; Ctrl-C stops after saying what is done."""
+    """Run every point of the sweep that has no record yet; Ctrl-C stops after saying what is done. The output
+    folder is held for the whole sweep (another sweep into it is refused)."""
+    out = res.check_output_dir(cfg.output)
+    with res.lock_output(out, f"a sweep of {', '.join(cfg.models)}"):
+        return _run_sweep(cfg, out, quiet)
+
+
+def _run_sweep(cfg: SweepConfig, out: Path, quiet: bool) -> SweepSummary:
     from tqdm import tqdm
 
-    out = res.check_output_dir(cfg.output)
     topology = read_topology()
     numa_cpus = numa_cpus_from_env()
     default_threads = topology.default_thread_counts()

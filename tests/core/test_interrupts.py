@@ -28,7 +28,7 @@ def start_and_wait_for_measuring(args):
 def test_sigterm_while_measuring_keeps_the_measurement_and_exits_143(tmp_path):
     proc, _ = start_and_wait_for_measuring([*RUN, "--output", str(tmp_path)])
     proc.send_signal(signal.SIGTERM)
-    stdout, stderr = proc.communicate(timeout=120)
+    _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 143, stderr[-1500:]
     assert "terminated (SIGTERM); records already written are kept" in stderr
     [record] = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]

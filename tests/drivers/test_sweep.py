@@ -328,3 +328,40 @@ def test_a_point_is_identified_by_its_configuration_key_and_outputs_of_release_0
                        point_id=point.legacy_point_id)
     summary = run_sweep(cfg, quiet=True)
     assert (summary.total, summary.skipped, summary.statuses) == (2, 2, {})
+
+
+def test_a_second_sweep_into_a_folder_a_sweep_is_writing_to_is_refused_naming_the_holder(tmp_path):
+    out = tmp_path / "sweep"
+    first = subprocess.Popen([sys.executable, "-m", "aio_examples", "sweep", *SMALL, "--output", str(out),
+                              "--backends", "eager", "--threads", "1", "--timeout", "120"], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not psutil.Process(first.pid).children(recursive=True):
+            time.sleep(0.2)
+        second = run_cli(["-m", "aio_examples", "sweep", *SMALL, "--output", str(out), "--backends", "eager",
+                          "--threads", "1"])
+        assert second.returncode == 2, second.stderr[-1500:]
+        [line] = second.stderr.strip().splitlines()
+        assert f"is in use by a sweep of squeezenet (pid {first.pid} on" in line
+        matrix = run_cli(["-m", "aio_examples", "matrix", "--models", "squeezenet", "--backends", "eager",
+                          "--precisions", "fp32", "--output", str(out)])
+        assert matrix.returncode == 2 and "is in use by a sweep" in matrix.stderr
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.communicate(timeout=120)
+    assert not (out / "results.jsonl").exists() or len(records(out)) <= 1      # nobody measured it twice
+    again = run_cli(["-m", "aio_examples", "sweep", *SMALL, "--output", str(out), "--backends", "eager",
+                     "--threads", "1", "--timeout", "0.5"])
+    assert again.returncode == 0, again.stderr[-1500:]                       # the lock ended with its holder
+
+
+def test_render_only_on_a_folder_without_records_refuses_instead_of_writing_dashes(tmp_path):
+    from aio_examples.drivers.matrix import README_END, README_START
+
+    readme = tmp_path / "backends.md"
+    readme.write_text(f"{README_START}\nthe matrix\n{README_END}\n")
+    proc = run_cli(["-m", "aio_examples", "matrix", "--render-only", "--output", str(tmp_path / "typo"),
+                    "--readme", str(readme)])
+    assert proc.returncode == 2 and "holds no matrix records to render" in proc.stderr
+    assert "the matrix" in readme.read_text() and not (tmp_path / "typo").exists()
