@@ -45,15 +45,18 @@ fi
 if [ $nightly = 1 ]; then
     [ -z "$config" ] && [ "$profile" = quick ] && profile=nightly
     out=${out:-results/nightly-$(date +%Y%m%d-%H%M%S)}
-    # Check the threshold before the measuring, not after it.
-    "$PY" - "${threshold:-5%}" <<'PYCHECK' || exit 2
+    # Check the threshold and the baseline before the measuring, not after it.
+    "$PY" - "${threshold:-5%}" "$baseline" <<'PYCHECK' || exit 2
 import sys
 from aio_examples.analysis.compare import parse_threshold
+from aio_examples.analysis.history import load_run
 from aio_examples.core.errors import UsageError
 try:
     parse_threshold(sys.argv[1])
+    if sys.argv[2]:
+        load_run(sys.argv[2])
 except UsageError as exc:
-    sys.exit(f"run_all.sh: {exc}")
+    sys.exit(f"run_all.sh: --baseline {exc}" if "threshold" not in str(exc) else f"run_all.sh: {exc}")
 PYCHECK
 fi
 out=${out:-results/run_all-$profile-$(date +%Y%m%d)}
@@ -68,6 +71,9 @@ if [ $nightly = 1 ]; then
     "$PY" -m aio_examples nightly "$out" "${nightly_args[@]}"
     rc=$?
     set -e
-    echo "  regression report: $out/regression/regression.md (.html, .json)"
+    # 0: no regression, 1: a regression; either way the report was written. Anything else wrote none.
+    if [ $rc -le 1 ] && [ -f "$out/regression/regression.md" ]; then
+        echo "  regression report: $out/regression/regression.md (.html, .json)"
+    fi
     exit $rc
 fi

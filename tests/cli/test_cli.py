@@ -2,6 +2,7 @@
 
 import json
 import os
+import subprocess
 
 import pandas as pd
 import pytest
@@ -168,3 +169,12 @@ def test_ctrl_c_keeps_what_was_measured(tmp_path):
     record = json.loads((out / "results.jsonl").read_text())
     assert record["status"] == "ok" and record["stop_reason"] == "interrupted"
     assert record["latency_ms"]["n"] == len(record["samples_ms"]) > 0
+
+
+def test_run_all_nightly_checks_its_baseline_before_measuring_anything(tmp_path):
+    out = tmp_path / "night"
+    proc = subprocess.run(["bash", str(ROOT / "run_all.sh"), "--nightly", "--baseline", str(tmp_path / "nope"),
+                           "--output", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 2 and not out.exists(), proc.stderr[-1500:]
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith("run_all.sh: --baseline") and "nope" in line and "regression report" not in proc.stdout
