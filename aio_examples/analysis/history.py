@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.errors import UsageError
-from ..core.records import KEY_FIELDS, Result, machine_description
+from ..core.records import KEY_FIELDS, Result, machine_description, strict
 from .runs import Run, from_files
 
 DEFAULT_PATH = Path("results") / "history.sqlite"
@@ -138,7 +138,7 @@ class History:
                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (run_id, k.model, k.backend, k.precision, k.batch_size, k.threads, k.instances, k.allocator,
                      k.shape, r.status, r.median_ms, (r.throughput or {}).get("value"),
-                     (r.throughput or {}).get("unit"), r.timestamp, json.dumps(d, default=str)))
+                     (r.throughput or {}).get("unit"), r.timestamp, json.dumps(strict(d), default=str)))
         return run_id, True
 
     # ------------------------------------------------------------ reading

@@ -8,6 +8,7 @@ every 1.x schema load. Bump SCHEMA_VERSION on any change of the fields.
 
 import hashlib
 import json
+import math
 import os
 import sys
 import uuid
@@ -153,7 +154,9 @@ class Result:
                 "timestamp": d.pop("timestamp"), **d, **self.unknown}
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), default=str)
+        """Strict JSON: a value that is not a finite number (an interval that could not be computed) is null,
+        never NaN or Infinity, which strict parsers (JavaScript's, databases') refuse."""
+        return json.dumps(strict(self.to_dict()), default=str, allow_nan=False)
 
     def to_series(self):
         """One pandas row with nested fields flattened (`latency_ms.median`, ...), samples left out."""
@@ -217,6 +220,17 @@ class Result:
                          self.instances, self.allocator, self.shape_label,
                          (self.scenario or DEFAULT_SCENARIO).get("key") or "latency", self.dataset or "synthetic",
                          self.machine or machine or "unknown")
+
+
+def strict(value):
+    """`value` with every float that is not finite replaced by None, at any depth."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict(v) for v in value]
+    return value
 
 
 def shape_label(input_shape: dict | None) -> str:

@@ -138,8 +138,9 @@ class SweepConfig:
             if k not in SHAPE_KEYS or not isinstance(v, int) or v < 1:
                 raise UsageError(f"shape {k}={v!r} is invalid; accepted: {', '.join(SHAPE_KEYS)} = whole numbers")
         for name in ("timeout", "point_timeout"):
-            if not isinstance(getattr(self, name), (int, float)) or getattr(self, name) <= 0:
-                raise UsageError(f"{name} {getattr(self, name)!r} is invalid; accepted: seconds > 0")
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise UsageError(f"{name} {value!r} is invalid; accepted: seconds > 0 (a finite number)")
 
     @classmethod
     def from_toml(cls, path, overrides: dict | None = None) -> "SweepConfig":

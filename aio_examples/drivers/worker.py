@@ -7,6 +7,7 @@ A point whose process never wrote its own record gets one from `record_failure`,
 """
 
 import argparse
+import math
 
 from ..core import records as res
 from ..core.errors import UsageError
@@ -20,7 +21,7 @@ def positive(flag, kind=int, accepted="a whole number >= 1"):
             value = kind(text)
         except ValueError:
             value = 0
-        if not value > 0:
+        if not (value > 0 and math.isfinite(value)):       # not inf or nan: a record holds finite numbers
             raise UsageError(f"{flag} {text!r} is invalid; accepted: {accepted}")
         return value
     return parse

@@ -178,3 +178,13 @@ def test_run_all_nightly_checks_its_baseline_before_measuring_anything(tmp_path)
     assert proc.returncode == 2 and not out.exists(), proc.stderr[-1500:]
     [line] = proc.stderr.strip().splitlines()
     assert line.startswith("run_all.sh: --baseline") and "nope" in line and "regression report" not in proc.stdout
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-1", "1e999"])
+def test_a_timeout_that_is_not_a_finite_number_of_seconds_is_refused(value, tmp_path):
+    proc = run_cli(["-m", "aio_examples", "run", "squeezenet", "--timeout", value, "--output", str(tmp_path)])
+    assert proc.returncode == 2 and f"--timeout '{value}' is invalid" in proc.stderr
+    sweep = tmp_path / "s.toml"
+    sweep.write_text(f'models = ["squeezenet"]\ntimeout = {value if value != "1e999" else "inf"}\n')
+    proc = run_cli(["-m", "aio_examples", "sweep", "--config", str(sweep), "--output", str(tmp_path / "o")])
+    assert proc.returncode == 2 and "timeout" in proc.stderr and "finite" in proc.stderr, proc.stderr

@@ -93,3 +93,17 @@ def test_debug_mode_levels():
     configure(0)
     assert not logger.isEnabledFor(logging.CRITICAL)
     configure(2)
+
+
+def test_records_are_strict_json_a_value_that_is_not_finite_is_null(tmp_path):
+    r = record(latency_ms={"median": 2.0, "ci_low": float("-inf"), "ci_rel_halfwidth": float("inf")},
+               metrics={"x": float("nan"), "nested": [1.0, float("inf")]})
+
+    def refuse(name):
+        raise ValueError(f"{name} in a record")
+
+    back = json.loads(r.to_json(), parse_constant=refuse)
+    assert back["latency_ms"] == {"median": 2.0, "ci_low": None, "ci_rel_halfwidth": None}
+    assert back["metrics"] == {"x": None, "nested": [1.0, None]}
+    res.append(tmp_path, r)
+    assert res.read(tmp_path)[0].latency_ms["ci_low"] is None
