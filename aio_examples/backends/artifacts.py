@@ -1,7 +1,10 @@
 """On-disk artifacts (exported ONNX files, OpenVINO IR, tuning decisions), keyed so nothing stale is reused.
 
 A key covers the model name, the input shapes and dtypes, the precision, the weights' digest and
-the library versions that made the artifact; a changed model or shape gets a new folder.
+the library versions that made the artifact; a changed model or shape gets a new folder. A file an
+artifact is made of carries its sha256 in the artifact's metadata (`digests`), checked when the artifact
+is reused (`intact`): a damaged one (a full disk, a bad sector, a hand edit) is made again once, not
+recorded as unsupported for ever.
 """
 
 import hashlib
@@ -49,3 +52,26 @@ def artifact_dir(kind: str, model_name: str, **parts) -> Path:
     if not meta.exists():
         meta.write_text(json.dumps({"model": model_name, **parts}, sort_keys=True, indent=1, default=str))
     return path
+
+
+def digests(folder: Path, names) -> dict:
+    """name -> sha256 of each file, for an artifact's metadata."""
+    out = {}
+    for name in names:
+        digest = hashlib.sha256()
+        with open(Path(folder) / name, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+        out[name] = digest.hexdigest()
+    return out
+
+
+def intact(folder: Path, recorded: dict | None) -> bool:
+    """Whether every file the metadata names is there with the digest it was written with. Metadata without
+    digests (written before they were kept) cannot vouch for its files: not intact, made again once."""
+    if not recorded:
+        return False
+    try:
+        return digests(folder, recorded) == recorded
+    except OSError:
+        return False

@@ -16,7 +16,7 @@ from pathlib import Path
 from ..core import precision as prec
 from ..core.errors import UnsupportedError, short_error
 from ..core.log import logger
-from .artifacts import artifact_dir, describe_inputs
+from .artifacts import artifact_dir, describe_inputs, digests, intact
 
 MODEL_FILE = "model.onnx"
 TORCHSCRIPT_OPSET = 17
@@ -83,6 +83,14 @@ def _export(model, inputs, path: Path, dynamo: bool) -> None:
             logger.debug("%s exporter output:\n%s", "dynamo" if dynamo else "torchscript", chatter.getvalue()[-20000:])
 
 
+def _read_meta(path: Path) -> dict:
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
 def _opset(path: Path) -> int | None:
     import onnx
 
@@ -106,8 +114,14 @@ def export_onnx(model, example_inputs: tuple, ctx, precision: str = "fp32") -> t
                           weights=ctx.weights_id, module=f"{type(model).__module__}.{type(model).__qualname__}",
                           **_library_versions())
     path, meta_path = folder / MODEL_FILE, folder / "export.json"
+    rebuilt = None
     if path.is_file() and meta_path.is_file():
-        return path, {**json.loads(meta_path.read_text()), "onnx_path": str(path), "cached": True}
+        meta = _read_meta(meta_path)
+        if intact(folder, meta.get("sha256")):
+            return path, {**meta, "onnx_path": str(path), "cached": True}
+        rebuilt = "the cached export did not match its digest: exported again"
+        logger.warning("%s: %s", folder, rebuilt)
+        meta_path.unlink(missing_ok=True)       # the metadata first: a half-cleared folder never looks finished
 
     if precision != "fp32":
         model = copy.deepcopy(model).to(dtype)
@@ -122,8 +136,9 @@ def export_onnx(model, example_inputs: tuple, ctx, precision: str = "fp32") -> t
                         "export_s": round(time.perf_counter() - start, 2)}
                 if errors:
                     meta["exporter_fallback_reason"] = f"dynamo: {errors['dynamo']}"
+                meta["sha256"] = digests(scratch, sorted(f.name for f in scratch.iterdir()))
                 (scratch / "export.json").write_text(json.dumps(meta, indent=1))
-            return path, {**meta, "onnx_path": str(path), "cached": False}
+            return path, {**meta, "onnx_path": str(path), "cached": False, **({"rebuilt": rebuilt} if rebuilt else {})}
         except Exception as exc:  # noqa: BLE001  (either exporter may reject a model; the other may not)
             errors[exporter] = short_error(exc)
     raise UnsupportedError("ONNX export failed: " + "; ".join(f"{k}: {v}" for k, v in errors.items()))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..core.errors import UnsupportedError, short_error
 from ..core.log import logger
-from .artifacts import key
+from .artifacts import digests, intact, key
 from .base import Backend, Prepared
 from .exports import atomic_files, export_onnx, input_names
 
@@ -215,7 +215,11 @@ def quantize(fp32_path: Path, model, example_inputs, ctx) -> tuple[Path, dict]:
     path = fp32_path.parent / name
     meta_path = path.with_suffix(".json")
     if path.is_file() and meta_path.is_file():
-        return path, {**json.loads(meta_path.read_text()), "cached": True}
+        cached = json.loads(meta_path.read_text())
+        if intact(path.parent, cached.get("sha256")):
+            return path, {**cached, "cached": True}
+        logger.warning("%s did not match its digest: quantizing again", path)
+        meta_path.unlink(missing_ok=True)
 
     class Reader(CalibrationDataReader):
         def __init__(self):
@@ -247,6 +251,7 @@ def quantize(fp32_path: Path, model, example_inputs, ctx) -> tuple[Path, dict]:
         settings["quantize_s"] = round(time.perf_counter() - start, 2)
         for scratch_file in ("pre.onnx", "matmul.onnx"):
             (scratch / scratch_file).unlink(missing_ok=True)
+        settings["sha256"] = digests(scratch, sorted(f.name for f in scratch.iterdir()))
         (scratch / meta_path.name).write_text(json.dumps(settings, indent=1))
     return path, {**settings, "cached": False}
 

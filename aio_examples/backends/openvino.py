@@ -8,6 +8,7 @@ rather than run as something else. int8 is NNCF post-training quantization of th
 import hashlib
 import importlib.util
 import itertools
+import json
 import shutil
 import tempfile
 import time
@@ -15,7 +16,8 @@ import warnings
 from pathlib import Path
 
 from ..core.errors import UnsupportedError
-from .artifacts import artifact_dir, describe_inputs
+from ..core.log import logger
+from .artifacts import artifact_dir, describe_inputs, digests, intact
 from .base import Backend, Prepared
 
 # precision -> (INFERENCE_PRECISION_HINT asked, the OPTIMIZATION_CAPABILITIES entry the CPU needs for it).
@@ -164,6 +166,13 @@ def _cause(exc: BaseException) -> str:
     return (f"{lines[0]} ({cause})" if cause else lines[0])[:300]
 
 
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _cached_ir(folder: Path, make) -> tuple[Path, bool]:
     """`folder/model.xml`, saved from `make()` unless already there; True when it was.
 
@@ -172,12 +181,16 @@ def _cached_ir(folder: Path, make) -> tuple[Path, bool]:
     """
     import openvino as ov
 
-    xml = folder / "model.xml"
+    xml, sums = folder / "model.xml", folder / "sha256.json"
     if xml.is_file() and xml.with_suffix(".bin").is_file():
-        return xml, True
+        if intact(folder, _read_json(sums)):
+            return xml, True
+        logger.warning("%s did not match its digests: converting again", folder)
+        shutil.rmtree(folder, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
         ov.save_model(make(), str(tmp / "model.xml"), compress_to_fp16=False)
+        (tmp / sums.name).write_text(json.dumps(digests(tmp, ["model.xml", "model.bin"])))
         try:
             tmp.rename(folder)
         except OSError:

@@ -1,5 +1,6 @@
 """ONNX Runtime backend and the ONNX export cache, on real exports of tiny models."""
 
+import json
 import tempfile
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from torch import nn
 
 from aio_examples import benchmark
 from aio_examples.backends import PrepareContext, get_backend
-from aio_examples.backends.artifacts import weights_digest
+from aio_examples.backends.artifacts import digests, weights_digest
 from aio_examples.backends.exports import MODEL_FILE, atomic_files, export_onnx
 from aio_examples.backends.onnxruntime import make_session, session_info
 from aio_examples.core.errors import UnsupportedError
@@ -100,10 +101,31 @@ def test_preparing_leaves_no_profile_file_behind_whether_the_session_loads_or_no
     model, inputs = _model(TinyMLP, seed=3), (torch.randn(4, 32),)
     prepared = _prepare(model, inputs, "fp32", "mlp-profile")
     assert prepared.info["kernels_by_input_type"]               # the profiled pass was read
-    Path(prepared.info["onnx_path"]).write_bytes(b"not an onnx graph")    # a damaged cached export
+    # A graph ORT cannot load (written here with its digest, as an exporter that made such a graph would).
+    onnx_path = Path(prepared.info["onnx_path"])
+    onnx_path.write_bytes(b"not an onnx graph")
+    meta_path = onnx_path.parent / "export.json"
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({**meta, "sha256": digests(onnx_path.parent, meta["sha256"])}))
     with pytest.raises(UnsupportedError, match="cannot load the graph"):
         _prepare(model, inputs, "fp32", "mlp-profile")
     assert list(tmp_path.glob("aio-ort-profile*")) == []
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_a_damaged_cached_export_is_made_again_once_not_refused_for_ever(precision):
+    model, inputs = _model(TinyMLP, seed=5), (torch.randn(4, 32),)
+    first = _prepare(model, inputs, precision, "mlp-damaged")
+    damaged = Path(first.info["onnx_path"]) if precision == "fp32" else \
+        next(Path(first.info["onnx_path"]).parent.glob("int8-*.onnx"))
+    damaged.write_bytes(damaged.read_bytes()[:200])               # torn: a full disk, a killed copy
+    again = _prepare(model, inputs, precision, "mlp-damaged")
+    if precision == "fp32":
+        assert not again.info["cached"] and "did not match its digest" in again.info["rebuilt"]
+    else:
+        assert not again.info["quantization"]["cached"]
+    np.testing.assert_allclose(again.fn(*again.inputs)[0], first.fn(*first.inputs)[0], rtol=1e-5, atol=1e-6)
+    assert _prepare(model, inputs, precision, "mlp-damaged").info.get("cached", True)    # and cached again
 
 
 def test_export_is_cached_and_keyed_by_weights_and_input_shape():

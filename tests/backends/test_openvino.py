@@ -1,5 +1,7 @@
 """The OpenVINO backend with real OpenVINO and NNCF on tiny models: outputs, read-back settings, IR cache, int8."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -89,6 +91,17 @@ def test_outputs_are_not_overwritten_by_the_next_pass():
     prepared.fn(*(a * 3 for a in prepared.inputs))
     for a, b in zip(first, kept):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_damaged_cached_ir_is_converted_again(own_cache):
+    module, inputs = _case(SmallConvNet)
+    first = _prepare(module, inputs)
+    weights = Path(first.info["ir"]).with_suffix(".bin")
+    weights.write_bytes(weights.read_bytes()[:100])             # torn weights: OpenVINO would misread or refuse
+    again = _prepare(module, inputs)
+    assert again.info["ir_cache"] == "miss"
+    np.testing.assert_allclose(again.fn(*again.inputs)[0], _expected(module, inputs)[0], rtol=1e-4, atol=1e-5)
+    assert _prepare(module, inputs).info["ir_cache"] == "hit"
 
 
 def test_ir_cache_reused_then_invalidated_by_a_weight_change(own_cache):
