@@ -11,7 +11,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from ..core.paths import cache_dir
+from ..core.paths import cache_dir, safe_name
 
 
 def weights_digest(module) -> str:
@@ -47,7 +47,7 @@ def key(**parts) -> str:
 def artifact_dir(kind: str, model_name: str, **parts) -> Path:
     """`<cache>/<kind>/<model>-<key>/`, created; a `key.json` inside says what the key covers."""
     digest = key(model=model_name, **parts)
-    path = cache_dir(kind, f"{model_name}-{digest}")
+    path = cache_dir(kind, f"{safe_name(model_name)}-{digest}")
     meta = path / "key.json"
     if not meta.exists():
         meta.write_text(json.dumps({"model": model_name, **parts}, sort_keys=True, indent=1, default=str))

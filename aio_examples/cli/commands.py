@@ -289,6 +289,7 @@ def do_compare(args) -> int:
 
 def do_history(args) -> int:
     from ..analysis.history import History, load_run
+    from ..core.paths import safe_name
     from ..reporting.plots import plot_history
 
     if args.action == "add":
@@ -319,7 +320,7 @@ def do_history(args) -> int:
         shown = df.drop(columns=["ci_low", "ci_high", "allocator"])
         shown["vs_previous"] = shown["vs_previous"].map(lambda v: "" if pd.isna(v) else f"{100 * v:+.1f}%")
         print(shown.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
-    plot = Path(args.plot) if args.plot else h.path.parent / f"history-{args.model}.png"
+    plot = Path(args.plot) if args.plot else h.path.parent / f"history-{safe_name(args.model)}.png"
     title = f"{args.model}" + "".join(f", {k} {v}" for k, v in (("backend", args.backend), ("precision", args.precision),
                                                                 ("batch", args.batch_size), ("threads", args.threads)) if v)
     print(f"trend plot: {plot_history(rows, title, plot)}")

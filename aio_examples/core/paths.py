@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 from pathlib import Path
 
 
@@ -23,3 +24,13 @@ def write_json_atomic(path: Path, data, **dump_options) -> None:
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, **dump_options))
     os.replace(tmp, path)
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
+
+
+def safe_name(text) -> str:
+    """A file name made from data (a model name in a record, a name on the command line) that stays in its
+    folder: anything but letters, digits and `._+-` becomes `_`, and it never starts with a dot."""
+    name = _UNSAFE.sub("_", str(text)).lstrip(".") or "_"
+    return name[:120]

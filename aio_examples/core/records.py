@@ -334,10 +334,10 @@ class RecordNotSaved(AioError):
 
 def _keep_unsaved(result: Result) -> str:
     """Put a record that could not be appended where it can be recovered; say where."""
-    from .paths import cache_dir
+    from .paths import cache_dir, safe_name
 
     try:
-        target = cache_dir("unsaved") / f"{result.run_id}-{result.model}-{result.backend}-{result.precision}.json"
+        target = cache_dir("unsaved") / safe_name(f"{result.run_id}-{result.model}-{result.backend}-{result.precision}.json")
         target.write_text(result.to_json() + "\n")
         return f"it is kept in {target} (append it to a results.jsonl to use it)"
     except OSError:

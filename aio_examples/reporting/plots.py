@@ -4,6 +4,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.paths import safe_name
+
 
 def figure(width=8.0, height=4.0):
     import matplotlib
@@ -65,11 +67,11 @@ def plot_model(df, model: str, folder: Path) -> dict:
     batch, threads = ok.batch_size.min(), ok.threads.max()
     plots = {}
     path = _line_plot(ok[ok.batch_size == batch], "threads", "median_ms", "median latency (ms)",
-                      f"{model}: latency vs threads, batch {batch}", folder / f"{model}-threads.png")
+                      f"{model}: latency vs threads, batch {batch}", folder / f"{safe_name(model)}-threads.png")
     if path:
         plots["latency vs threads"] = path
     path = _line_plot(ok[ok.threads == threads], "batch_size", "throughput", f"throughput ({ok.unit.iloc[0]})",
-                      f"{model}: throughput vs batch size, {threads} thread(s)", folder / f"{model}-batch.png")
+                      f"{model}: throughput vs batch size, {threads} thread(s)", folder / f"{safe_name(model)}-batch.png")
     if path:
         plots["throughput vs batch size"] = path
     at = ok[(ok.batch_size == batch) & (ok.threads == threads)]
@@ -79,7 +81,7 @@ def plot_model(df, model: str, folder: Path) -> dict:
         pivot.plot.bar(ax=ax, rot=0)
         ax.set_ylabel("median latency (ms)")
         ax.set_title(f"{model}: precisions, batch {batch}, {threads} thread(s)")
-        plots["precisions"] = save(fig, folder / f"{model}-precisions.png")
+        plots["precisions"] = save(fig, folder / f"{safe_name(model)}-precisions.png")
     return plots
 
 
