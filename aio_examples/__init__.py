@@ -6,11 +6,14 @@
 
 from .aio_compile import install as _install_aio_backend
 from .compat import renamed as _renamed
+from .core import telemetry as _telemetry
 
 __version__ = "0.1.0"
 
 # torch.compile(backend="aio") works after `import aio_examples`, without importing torch here.
 _install_aio_backend()
+# Before any library that reports usage is imported (OpenVINO does on import): decline for this process.
+_telemetry.opt_out()
 # Release 0.1's module paths (aio_examples.compare, aio_examples.report, ...) still import, with a warning.
 _renamed.install()
 
