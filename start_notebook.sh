@@ -17,6 +17,7 @@ die() { echo "start_notebook.sh: $*" >&2; exit 2; }
 port=${AIO_NOTEBOOK_PORT:-8080}
 ip=${AIO_NOTEBOOK_IP:-127.0.0.1}
 token=${JUPYTER_TOKEN:-}
+token_given=${JUPYTER_TOKEN+1}
 cpus=""
 threads=""
 while [ $# -gt 0 ]; do
@@ -24,7 +25,7 @@ while [ $# -gt 0 ]; do
         --port|--ip|--token|--cpus|--threads) [ $# -ge 2 ] || die "$1 needs a value" ;;&
         --port) port=$2; shift ;;
         --ip) ip=$2; shift ;;
-        --token) token=$2; shift ;;
+        --token) token=$2; token_given=1; shift ;;
         --cpus) cpus=$2; shift ;;
         --threads) threads=$2; shift ;;
         -h|--help) usage; exit 0 ;;
@@ -33,6 +34,9 @@ while [ $# -gt 0 ]; do
     shift
 done
 [[ $port =~ ^[0-9]+$ ]] && [ "$port" -ge 1 ] && [ "$port" -le 65535 ] || die "--port '$port' is invalid; accepted: 1-65535"
+# A token given must guard the server: a blank one would leave it open, and it goes into the printed URL.
+[ -z "$token_given" ] || [[ $token =~ ^[A-Za-z0-9._~-]+$ ]] || \
+    die "--token (or JUPYTER_TOKEN) '$token' is invalid; accepted: letters, digits and ._~- (not blank)"
 [ -z "$threads" ] || [[ $threads =~ ^[1-9][0-9]*$ ]] || die "--threads '$threads' is invalid; accepted: a whole number >= 1"
 "$PY" -c "import jupyterlab" 2>/dev/null || die "JupyterLab is not installed; run: bash setup.sh"
 

@@ -61,6 +61,12 @@ def parse_threshold(text: str) -> float:
     return value
 
 
+def check_ignore(ignore) -> None:
+    bad = [f for f in ignore if f not in IGNORABLE]
+    if bad:
+        raise UsageError(f"--ignore {','.join(bad)!r} is not a configuration field; accepted: {', '.join(IGNORABLE)}")
+
+
 @dataclass
 class Comparison:
     baseline: Run
@@ -89,9 +95,7 @@ def compare(baseline: Run, new: Run, threshold: float = DEFAULT_THRESHOLD, confi
             ignore=(), run_noise: dict | None = None) -> Comparison:
     """Match configurations and judge each one. `run_noise`: key -> (run-to-run sd of log medians, its
     degrees of freedom), from the history."""
-    bad = [f for f in ignore if f not in IGNORABLE]
-    if bad:
-        raise UsageError(f"--ignore {','.join(bad)!r} is not a configuration field; accepted: {', '.join(IGNORABLE)}")
+    check_ignore(ignore)
     if not 0.5 <= confidence < 1:
         raise UsageError(f"--confidence {confidence!r} is invalid; accepted: 0.5 to 0.999")
     out = Comparison(baseline, new, threshold, confidence, tuple(ignore))

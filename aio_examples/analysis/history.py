@@ -113,6 +113,9 @@ class History:
 
     def add(self, run: Run, label: str | None = None) -> tuple[int, bool]:
         """Store a run's records in one transaction. Returns (run id, whether it was new)."""
+        if label is not None and (not label.strip() or not label.isprintable()):
+            raise UsageError(f"--label {label!r} is invalid; accepted: one line of printable text (it is shown "
+                             "as a line of 'history list')")
         records = [r.to_dict() for r in run.records]
         digest = hashlib.sha256("\n".join(json.dumps(r, sort_keys=True, default=str) for r in records)
                                 .encode()).hexdigest()

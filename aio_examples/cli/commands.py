@@ -4,7 +4,8 @@ import sys
 from pathlib import Path
 
 from ..core.errors import UsageError
-from .parser import comma_list
+from ..drivers.worker import split_items
+from .parser import PROG
 
 
 def _backends(arg: str | None) -> list[str]:
@@ -16,7 +17,7 @@ def _backends(arg: str | None) -> list[str]:
     elif arg == "all":
         names = available_backends()
     else:
-        names = [n.strip() for n in arg.split(",") if n.strip()]
+        names = split_items(arg, "--backend")
         for n in names:
             get_backend(n)
     if "aio" in names and not process_mode():
@@ -30,17 +31,19 @@ def _precisions(arg: str) -> list[str]:
 
     if arg == "all":
         return list(PRECISIONS)
-    return [validate(p.strip()) for p in arg.split(",") if p.strip()] or [validate(arg)]
+    return [validate(p) for p in split_items(arg, "-p/--precision")]
 
 
 def do_run(model: str, args) -> int:
     from ..core.processes import die_with_parent
     from ..core.records import check_output_dir
-    from ..machine.binding import apply_in_child
+    from ..machine.binding import apply_in_child, unused_switches
     from ..machine.threads import export_thread_env, resolve_threads
 
     die_with_parent()                          # a point of a sweep, matrix or throughput run ends with its driver
     apply_in_child()                           # a driver's sched_setaffinity binding, before torch starts
+    for warning in unused_switches():
+        print(f"{PROG}: warning: {warning}", file=sys.stderr)
     # Everything that can be checked without torch is checked first: bad input fails fast.
     precisions = _precisions(args.precision)
     choice = resolve_threads(args.threads, allow_oversubscribe=args.allow_oversubscribe)
@@ -125,7 +128,7 @@ def do_setup(args) -> int:
 def _names(arg: str | None, known, what: str) -> list[str]:
     if arg in (None, "all"):
         return list(known)
-    names = [n.strip() for n in arg.split(",") if n.strip()]
+    names = split_items(arg, f"--{what}s")
     for n in names:
         if n not in known:
             raise UsageError(f"{what} {n!r} is unknown; accepted: {', '.join(known)}, all")
@@ -276,8 +279,10 @@ def do_compare(args) -> int:
     from ..reporting import regression
 
     threshold = cmp.parse_threshold(args.threshold)
+    ignore = split_items(args.ignore, "--ignore") if args.ignore is not None else ()
+    cmp.check_ignore(ignore)
     baseline, new = load_run(args.baseline, args.history), load_run(args.new, args.history)
-    comparison = cmp.compare(baseline, new, threshold, args.confidence, comma_list(args.ignore) if args.ignore else ())
+    comparison = cmp.compare(baseline, new, threshold, args.confidence, ignore)
     text = regression.render(comparison, args.format)
     if args.output:
         Path(args.output).write_text(text)

@@ -3,7 +3,7 @@
 import argparse
 
 from ..core.errors import UsageError
-from ..drivers.worker import add_run_arguments, positive
+from ..drivers.worker import add_run_arguments, positive, split_items
 
 PROG = "aio-examples"
 
@@ -17,18 +17,20 @@ class Parser(argparse.ArgumentParser):
 
 def ints(flag: str):
     def parse(text):
-        try:
-            values = [int(x) for x in text.split(",") if x.strip()]
-        except ValueError:
-            values = []
-        if not values or min(values) < 1:
-            raise argparse.ArgumentTypeError(f"{flag} {text!r} is invalid; accepted: a comma list of whole numbers >= 1")
+        values = []
+        for item in split_items(text, flag):
+            try:
+                values.append(int(item))
+            except ValueError:
+                values.append(0)
+        if min(values) < 1:
+            raise UsageError(f"{flag} {text!r} is invalid; accepted: a comma list of whole numbers >= 1")
         return values
     return parse
 
 
-def comma_list(text: str) -> list[str]:
-    return [x.strip() for x in text.split(",") if x.strip()]
+def comma_list(flag: str):
+    return lambda text: split_items(text, flag)
 
 
 def _add_drivers(sub) -> None:
@@ -46,12 +48,12 @@ def _add_drivers(sub) -> None:
     sw = sub.add_parser("sweep", help="every combination of the given axes, each point in its own bound process")
     sw.add_argument("models", nargs="*", help="zoo names (or in --config)")
     sw.add_argument("--config", default=None, help="a TOML file with the same keys (see sweeps/); flags override it")
-    sw.add_argument("--backends", type=comma_list, default=None, help="comma list (default aio)")
-    sw.add_argument("--precisions", type=comma_list, default=None, help="comma list (default fp32)")
+    sw.add_argument("--backends", type=comma_list("--backends"), default=None, help="comma list (default aio)")
+    sw.add_argument("--precisions", type=comma_list("--precisions"), default=None, help="comma list (default fp32)")
     sw.add_argument("--batch-sizes", type=ints("--batch-sizes"), default=None, help="comma list (default 1)")
     sw.add_argument("--threads", type=ints("--threads"), default=None,
                     help="comma list (default: powers of two up to the physical cores, plus that)")
-    sw.add_argument("--allocators", type=comma_list, default=None,
+    sw.add_argument("--allocators", type=comma_list("--allocators"), default=None,
                     help="comma list of default, tcmalloc, jemalloc, hugetlb (default: default)")
     sw.add_argument("--input-size", type=positive("--input-size"), default=None)
     sw.add_argument("--seq-len", type=positive("--seq-len"), default=None)
@@ -87,7 +89,7 @@ def _add_drivers(sub) -> None:
 def _add_reports(sub) -> None:
     """peak and report."""
     pk = sub.add_parser("peak", help="this machine's matrix-multiply peak per precision and threads (cached)")
-    pk.add_argument("--precisions", type=comma_list, default=["fp32", "bf16"], help="comma list of fp32, bf16")
+    pk.add_argument("--precisions", type=comma_list("--precisions"), default=["fp32", "bf16"], help="comma list of fp32, bf16")
     pk.add_argument("--threads", type=ints("--threads"), default=None,
                     help="comma list (default: powers of two up to the physical cores, plus that)")
     rp = sub.add_parser("report", help="report.html, summary.csv/md and plots from result files or folders")

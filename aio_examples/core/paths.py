@@ -5,6 +5,8 @@ import os
 import re
 from pathlib import Path
 
+from .errors import UsageError
+
 
 def cache_dir(*parts: str) -> Path:
     """`$AIO_CACHE_DIR`, else `$XDG_CACHE_HOME/aio-examples`, else `~/.cache/aio-examples`."""
@@ -14,7 +16,12 @@ def cache_dir(*parts: str) -> Path:
     else:
         base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "aio-examples"
     path = base.joinpath(*parts).absolute()    # absolute: ONNX quantization works in a folder of its own
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        said = f"AIO_CACHE_DIR={root!r}" if root else f"the cache folder {str(base)!r}"
+        raise UsageError(f"{said} is not a folder this user can write ({exc.strerror}); accepted: a writable folder "
+                         "(set AIO_CACHE_DIR)") from None
     return path
 
 

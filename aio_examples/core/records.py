@@ -250,6 +250,9 @@ def _scenario_of_old(d: dict) -> dict:
 
 def check_output_dir(path) -> Path:
     """Create the output folder and prove it is writable before anything is measured."""
+    if not str(path).strip():
+        raise UsageError(f"--output {str(path)!r} is empty; accepted: a folder path (it would otherwise be the "
+                         "current folder, often the source tree)")
     out = Path(path)
     try:
         out.mkdir(parents=True, exist_ok=True)

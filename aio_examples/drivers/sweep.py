@@ -80,6 +80,23 @@ class Point:
         return f"{self.model} {self.backend} {self.precision} b{self.batch_size} t{self.threads}{alloc}{extra}{again}"
 
 
+def _names_list(name: str, values, accepted: str) -> None:
+    """A sweep axis of names: a non-empty list of non-empty strings, each once (a string alone is not a list:
+    `models = "resnet_18"` would otherwise be read letter by letter)."""
+    if not isinstance(values, list) or not values:
+        raise UsageError(f"{name} {values!r} is invalid; accepted: a non-empty list of {accepted}")
+    for v in values:
+        if not isinstance(v, str) or not v.strip():
+            raise UsageError(f"{name} value {v!r} is invalid; accepted: {accepted}")
+    _no_repeats(name, values)
+
+
+def _no_repeats(name: str, values: list) -> None:
+    twice = sorted({str(v) for v in values if values.count(v) > 1})
+    if twice:
+        raise UsageError(f"{name} lists {', '.join(twice)} more than once; accepted: each value once")
+
+
 @dataclass
 class SweepConfig:
     """What to sweep; validated as a whole before anything runs (bad input costs nothing measured)."""
@@ -113,8 +130,9 @@ class SweepConfig:
                             ("precisions", lambda: list(PRECISIONS))):
             if getattr(self, name) in ("all", ["all"]):
                 setattr(self, name, every())
-        if not self.models:
-            raise UsageError("no model to sweep; accepted: zoo names (aio-examples list)")
+        for name, accepted in (("models", "zoo names (aio-examples list)"), ("backends", "backend names"),
+                               ("precisions", "precision names"), ("allocators", "allocator names")):
+            _names_list(name, getattr(self, name), accepted)
         for m in self.models:
             get_model(m)
         for b in self.backends:
@@ -123,6 +141,10 @@ class SweepConfig:
             validate(p)
         for a in self.allocators:
             allocators.validate(a)
+        if not isinstance(self.output, str) or not self.output.strip():
+            raise UsageError(f"output {self.output!r} is invalid; accepted: a folder path (text, not empty)")
+        if not isinstance(self.shape, dict):
+            raise UsageError(f"shape {self.shape!r} is invalid; accepted: a table of {', '.join(SHAPE_KEYS)}")
         if not isinstance(self.repeats, int) or isinstance(self.repeats, bool) or self.repeats < 1:
             raise UsageError(f"repeats {self.repeats!r} is invalid; accepted: a whole number >= 1")
         if not isinstance(self.interleave, int) or isinstance(self.interleave, bool) or self.interleave < 1:
@@ -131,9 +153,16 @@ class SweepConfig:
         if not isinstance(self.probe, bool):
             raise UsageError(f"probe {self.probe!r} is invalid; accepted: true or false")
         for name in ("batch_sizes", "threads"):
-            for v in getattr(self, name) or []:
+            values = getattr(self, name)
+            if values is None and name == "threads":
+                continue                          # auto: powers of two up to the physical cores
+            if not isinstance(values, list) or not values:
+                raise UsageError(f"{name} {values!r} is invalid; accepted: a non-empty list of whole numbers >= 1"
+                                 + (' (or "auto")' if name == "threads" else ""))
+            for v in values:
                 if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                     raise UsageError(f"{name} value {v!r} is invalid; accepted: whole numbers >= 1")
+            _no_repeats(name, values)
         for k, v in self.shape.items():
             if k not in SHAPE_KEYS or not isinstance(v, int) or v < 1:
                 raise UsageError(f"shape {k}={v!r} is invalid; accepted: {', '.join(SHAPE_KEYS)} = whole numbers")

@@ -14,6 +14,19 @@ from ..core.errors import UsageError
 from ..core.log import logger
 
 
+def split_items(text: str, flag: str) -> list[str]:
+    """A comma list given on the command line: each item once, none empty (`1,,2` is a typo, not `1,2`)."""
+    items = [x.strip() for x in str(text).split(",")]
+    if not any(items):
+        raise UsageError(f"{flag} {text!r} is empty; accepted: a comma list of values")
+    if "" in items:
+        raise UsageError(f"{flag} {text!r} has an empty item; accepted: a comma list of values, none empty")
+    twice = sorted({x for x in items if items.count(x) > 1})
+    if twice:
+        raise UsageError(f"{flag} {text!r} lists {', '.join(twice)} more than once; accepted: each value once")
+    return items
+
+
 def positive(flag, kind=int, accepted="a whole number >= 1"):
     """An argparse type: a number > 0 of `kind`, else a one-line usage error naming `flag`."""
     def parse(text):

@@ -135,3 +135,14 @@ def observed() -> dict:
         return json.loads(raw)
     except ValueError:
         return {"method": "unknown", "cores": None, "membind": None, "warnings": [f"unreadable {BINDING_ENV}"]}
+
+
+def unused_switches(environ=None) -> list[str]:
+    """The binding variables set for a plain `run`, which no driver binds: they would be ignored without a word.
+    Each as a warning line (the run goes on: not binding is what a plain run does)."""
+    environ = os.environ if environ is None else environ
+    if BINDING_ENV in environ:          # a point of a sweep or throughput run: its driver applied them
+        return []
+    return [f"{name}={environ[name]!r} is for sweeps and throughput runs, which bind each point; this run is not "
+            "bound by it (bind it with numactl or taskset, or run it as a sweep)"
+            for name in ("AIO_NUMA_CPUS", "AIO_CPU_BIND", "AIO_MEM_BIND") if name in environ]

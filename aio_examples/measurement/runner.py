@@ -56,6 +56,7 @@ class RunRequest:
             prec.validate(p)
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise UsageError(f"batch size {self.batch_size!r} is invalid; accepted: a whole number >= 1")
+        _check_memory(self.spec, self.batch_size, self.shape)
         for name in self.backends:
             get_backend(name)
         if self.weights is not None and not Path(self.weights).is_file():
@@ -63,6 +64,17 @@ class RunRequest:
                              "accepted: a PyTorch state-dict file")
         if self.model_dir is not None and not Path(self.model_dir).is_dir():
             raise UsageError(f"--model-dir {self.model_dir!r} is not a folder; accepted: a local Hugging Face model folder")
+
+
+def _check_memory(spec: ModelSpec, batch_size: int, shape: dict) -> None:
+    """Refuse, from an estimate, a batch or input shape the machine cannot hold, before allocating any of it."""
+    import psutil
+
+    need, have = spec.memory_estimate(batch_size, shape), psutil.virtual_memory().available
+    if need > have:
+        said = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in shape.items())
+        raise UsageError(f"batch size {batch_size} at {said} needs about {need / 2**30:.0f} GiB for {spec.name}; "
+                         f"{have / 2**30:.0f} GiB are available; accepted: a smaller batch size or input")
 
 
 @dataclass

@@ -66,10 +66,15 @@ class Encoder(ModelSpec):
         tf = load_transformers()
         if not (path / "config.json").is_file():
             raise UsageError(f"--model-dir {str(path)!r} has no config.json; accepted: a local Hugging Face model folder")
-        model = getattr(tf, self.auto_class).from_pretrained(path)
-        tokenizer = None
-        if any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json")):
-            tokenizer = tf.AutoTokenizer.from_pretrained(path)
+        try:
+            model = getattr(tf, self.auto_class).from_pretrained(path)
+            tokenizer = None
+            if any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json")):
+                tokenizer = tf.AutoTokenizer.from_pretrained(path)
+        except Exception as exc:  # noqa: BLE001  (transformers raises OSError, ValueError, safetensors' own...)
+            first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+            raise UsageError(f"--model-dir {str(path)!r} cannot be loaded as a {self.model_class} folder ({first}); "
+                             "accepted: a local Hugging Face model folder (config.json, weights, tokenizer)") from None
         return EncoderModel(model, tokenizer)
 
     def _text(self, tokenizer) -> dict:
