@@ -32,6 +32,9 @@ from .turns import Taker
 from .worker import record_failure, run_argv
 
 SHAPE_KEYS = ("input_size", "seq_len", "new_tokens")
+# Bounds that keep a typo from planning billions of points or processes (each point is a process of its own).
+MAX_REPEATS = 1000
+MAX_INTERLEAVE = 64
 
 
 def _digest(fields_: dict) -> str:
@@ -145,11 +148,12 @@ class SweepConfig:
             raise UsageError(f"output {self.output!r} is invalid; accepted: a folder path (text, not empty)")
         if not isinstance(self.shape, dict):
             raise UsageError(f"shape {self.shape!r} is invalid; accepted: a table of {', '.join(SHAPE_KEYS)}")
-        if not isinstance(self.repeats, int) or isinstance(self.repeats, bool) or self.repeats < 1:
-            raise UsageError(f"repeats {self.repeats!r} is invalid; accepted: a whole number >= 1")
-        if not isinstance(self.interleave, int) or isinstance(self.interleave, bool) or self.interleave < 1:
-            raise UsageError(f"interleave {self.interleave!r} is invalid; accepted: a whole number >= 1 "
-                             "(processes taking turns)")
+        if not isinstance(self.repeats, int) or isinstance(self.repeats, bool) or not 1 <= self.repeats <= MAX_REPEATS:
+            raise UsageError(f"repeats {self.repeats!r} is invalid; accepted: a whole number from 1 to {MAX_REPEATS}")
+        if (not isinstance(self.interleave, int) or isinstance(self.interleave, bool)
+                or not 1 <= self.interleave <= MAX_INTERLEAVE):
+            raise UsageError(f"interleave {self.interleave!r} is invalid; accepted: a whole number from 1 to "
+                             f"{MAX_INTERLEAVE} (processes taking turns)")
         if not isinstance(self.probe, bool):
             raise UsageError(f"probe {self.probe!r} is invalid; accepted: true or false")
         for name in ("batch_sizes", "threads"):
@@ -178,7 +182,7 @@ class SweepConfig:
             data = tomllib.loads(Path(path).read_text())
         except OSError as exc:
             raise UsageError(f"--config {str(path)!r} cannot be read ({exc.strerror}); accepted: a TOML file") from exc
-        except tomllib.TOMLDecodeError as exc:
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise UsageError(f"--config {str(path)!r} is not valid TOML ({exc})") from exc
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
