@@ -200,7 +200,7 @@ def do_sweep(args) -> int:
     summary = run_sweep(cfg, quiet=args.quiet)
     print(summary.text(Path(cfg.output)))
     if summary.interrupted:
-        raise KeyboardInterrupt
+        raise summary.interrupted
     return 0
 
 

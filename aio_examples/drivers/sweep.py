@@ -209,7 +209,7 @@ class SweepSummary:
     warmup_s: float
     measured_s: float
     wall_s: float
-    interrupted: bool = False
+    interrupted: KeyboardInterrupt | None = None      # what stopped it (Ctrl-C, or SIGTERM as Terminated)
 
     def text(self, out: Path) -> str:
         ran = sum(self.statuses.values())
@@ -367,7 +367,7 @@ def _run_sweep(cfg: SweepConfig, out: Path, quiet: bool) -> SweepSummary:
     todo = [p for p in points if p.point_id not in done and p.legacy_point_id not in done]
     statuses: dict[str, int] = {}
     start = time.perf_counter()
-    interrupted = False
+    interrupted = None
     bar = tqdm(total=len(points), initial=len(points) - len(todo), unit="point", file=sys.stderr,
                disable=quiet or os.environ.get("CI", "").lower() in ("1", "true"), dynamic_ncols=True)
     try:
@@ -386,8 +386,8 @@ def _run_sweep(cfg: SweepConfig, out: Path, quiet: bool) -> SweepSummary:
                 status = run_point(point, cfg, out, topology, numa_cpus)
                 statuses[status] = statuses.get(status, 0) + 1
                 bar.update(1)
-    except KeyboardInterrupt:
-        interrupted = True
+    except KeyboardInterrupt as stop:
+        interrupted = stop
     finally:
         bar.close()
     ids = {p.point_id for p in todo}

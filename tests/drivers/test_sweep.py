@@ -365,3 +365,21 @@ def test_render_only_on_a_folder_without_records_refuses_instead_of_writing_dash
                     "--readme", str(readme)])
     assert proc.returncode == 2 and "holds no matrix records to render" in proc.stderr
     assert "the matrix" in readme.read_text() and not (tmp_path / "typo").exists()
+
+
+def test_sigterm_stops_a_sweep_like_ctrl_c_and_the_rerun_resumes(tmp_path):
+    out = tmp_path / "sweep"
+    args = [sys.executable, "-m", "aio_examples", "sweep", *SMALL, "--output", str(out), "--backends",
+            "eager,torchscript", "--threads", "1"]
+    driver = subprocess.Popen([*args, "--timeout", "3"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (out / "results.jsonl").exists():
+        time.sleep(0.2)                     # the first point is written, the second is measuring
+    driver.send_signal(signal.SIGTERM)
+    stdout, stderr = driver.communicate(timeout=120)
+    assert driver.returncode == 143, stderr[-1500:]
+    assert "sweep interrupted" in stdout and "terminated (SIGTERM)" in stderr
+    assert [r["backend"] for r in records(out)] == ["eager"]
+    again = run_cli([*args[1:], "--timeout", "0.5"])
+    assert again.returncode == 0 and "1 point(s) run (1 ok), 1 already done, of 2" in again.stdout, again.stderr
