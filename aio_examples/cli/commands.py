@@ -244,7 +244,11 @@ def do_throughput(args) -> int:
 def do_report(args) -> int:
     from ..reporting.report import build_report
 
-    written = build_report(args.results, Path(args.output), include_contended=args.include_contended)
+    try:
+        written = build_report(args.results, Path(args.output), include_contended=args.include_contended)
+    except OSError as exc:              # a full disk, a folder removed meanwhile: the report, not the records
+        raise UsageError(f"--output {args.output!r}: the report could not be written ({exc.strerror or exc}); "
+                         "accepted: a folder with room for it") from None
     print(f"{written['records']} records: {written['html']}, {written['md']}, {written['csv']} "
           f"(plots in {Path(args.output) / 'plots'})")
     return 0
@@ -279,6 +283,10 @@ def do_compare(args) -> int:
     from ..reporting import regression
 
     threshold = cmp.parse_threshold(args.threshold)
+    if args.output and not Path(args.output).parent.is_dir():
+        raise UsageError(f"--output {args.output!r} is in a folder that does not exist; accepted: a file path in an "
+                         "existing folder")
+    regression.check_format(args.format)
     ignore = split_items(args.ignore, "--ignore") if args.ignore is not None else ()
     cmp.check_ignore(ignore)
     baseline, new = load_run(args.baseline, args.history), load_run(args.new, args.history)

@@ -145,7 +145,11 @@ def to_json(c: Comparison) -> str:
 FORMATS = {"md": to_markdown, "html": to_html, "json": to_json}
 
 
-def render(c: Comparison, fmt: str) -> str:
+def check_format(fmt: str) -> None:
     if fmt not in FORMATS:
         raise UsageError(f"--format {fmt!r} is unknown; accepted: {', '.join(FORMATS)}")
+
+
+def render(c: Comparison, fmt: str) -> str:
+    check_format(fmt)
     return FORMATS[fmt](c)

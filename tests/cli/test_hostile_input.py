@@ -61,7 +61,8 @@ def run_cases(tmp_path: Path) -> list[str]:
               "--threads-per-instance", "-b", "--timeout") for v in ["0", "-1", "x", "nan", ""]]
     cases += [["report", v, "--output", out] for v in ["", str(work / "missing"), str(text)]]
     cases += [["compare", str(text), str(text), *extra] for extra in ([], ["--threshold", "x"], ["--threshold", "200%"],
-              ["--confidence", "2"], ["--ignore", "bogus"], ["--ignore", "a,,b"], ["--format", "pdf"])]
+              ["--confidence", "2"], ["--ignore", "bogus"], ["--ignore", "a,,b"], ["--format", "pdf"],
+              ["--output", str(work / "no-such-folder" / "c.md")])]
     cases += [["history", "show", "x", "--history", str(work / "none.sqlite")]]
     cases += [["history", "add", str(text), "--history", str(work / "h.sqlite")]]
     cases += [["peak", "--precisions", v] for v in ["", "int4", "fp32,,bf16"]]

@@ -90,3 +90,18 @@ def test_an_output_whose_results_file_is_a_folder_is_refused_before_anything_is_
     proc = run_cli(["-m", "aio_examples", "run", "squeezenet", "--backend", "eager", "--output", str(tmp_path)])
     assert proc.returncode == 2 and "holds a results.jsonl that is not a writable file" in proc.stderr
     assert "preparing" not in proc.stderr
+
+
+def test_a_report_onto_a_full_disk_says_so_in_one_line(small_fs, tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for backend in ("eager", "aio"):
+        res.append(runs, res.Result(model="m", task="t", backend=backend, precision="fp32", batch_size=1, threads=1,
+                                    input_shape={}, latency_ms={"median": 2.0}, samples_ms=[2.0] * 5))
+    out = small_fs / "report"
+    out.mkdir()
+    fill(small_fs, leave=0)
+    proc = run_cli(["-m", "aio_examples", "report", str(runs), "--output", str(out)])
+    assert proc.returncode == 2, proc.stderr[-1500:]
+    [line] = proc.stderr.strip().splitlines()
+    assert "the report could not be written (No space left on device)" in line
