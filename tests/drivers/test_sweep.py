@@ -213,7 +213,7 @@ def test_sweep_config_files_validate_and_bad_keys_are_named(tmp_path):
     with pytest.raises(UsageError, match="probe 'yes' is invalid; accepted: true or false"):
         SweepConfig.from_toml(bad)
     bad.write_text('models = ["resnet_18"]\ninterleave = 0\n')
-    with pytest.raises(UsageError, match="interleave 0 is invalid; accepted: a whole number >= 1"):
+    with pytest.raises(UsageError, match="interleave 0 is invalid; accepted: a whole number from 1 to 64"):
         SweepConfig.from_toml(bad)
     nightly = SweepConfig.from_toml(ROOT / "sweeps" / "nightly.toml")
     assert nightly.probe and nightly.interleave > 1
