@@ -97,7 +97,7 @@ def _weights_label(req: RunRequest) -> tuple[str, str | None]:
         return "model-dir", str(Path(req.model_dir).resolve())
     if req.weights:
         return "file", f"{Path(req.weights).resolve()} (sha256 {file_sha256(req.weights)[:16]})"
-    return ("user-module" if req.module is not None else "random"), None
+    return ("user-module" if req.module is not None else req.spec.random_weights), None
 
 
 def run(req: RunRequest, out_dir: Path | None = None, run_id: str | None = None,
@@ -170,7 +170,7 @@ def _blank_record(req: RunRequest, run_id: str, threads_in_effect: int) -> res.R
     import torch
 
     weights, weights_path = _weights_label(req)
-    if weights == "random":
+    if weights.startswith("random"):
         logger.info("%s uses random weights (none can be loaded here by default): outputs are meaningless, "
                     "timings are representative. Use --weights or --model-dir for real weights.", req.spec.name)
     binding = {"threads_in_effect": threads_in_effect, "threads_requested": req.threads.threads,
@@ -285,7 +285,7 @@ def _check(cand: _Candidate, req: RunRequest, reference_output, weights: str) ->
     if r.status != "ok" or m.first_output is None:
         return
     check = check_outputs(req.spec.task, reference_output, m.first_output, cand.precision,
-                    judge_agreement=weights != "random")
+                    judge_agreement=not weights.startswith("random"))
     r.check = check.to_dict()
     if not check.passed:
         r.status, r.reason = "fail_accuracy", check.reason

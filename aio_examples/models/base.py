@@ -58,7 +58,14 @@ class ModelSpec:
             module = self._build_module(shape or self.default_shape)
         if weights is not None:
             load_state_dict_file(self._weights_target(module), weights)
+        elif model_dir is None:
+            self._initialise(module.eval(), shape or self.default_shape)
         return module.eval()
+
+    random_weights = "random"           # how the random weights are made: recorded as the result's `weights`
+
+    def _initialise(self, module, shape: dict) -> None:
+        """Adjust freshly built random weights (a family whose default initialisation needs it)."""
 
     def _build_module(self, shape: dict):
         raise NotImplementedError

@@ -5,7 +5,7 @@ import torch
 
 from aio_examples.backends import Prepared
 from aio_examples.measurement.timing import consume
-from aio_examples.models import ZOO
+from aio_examples.models import ZOO, get_model
 
 SMALL = {"image-classification": {"input_size": 64}, "object-detection": {"input_size": 128}}
 SMALL_SIZES = {"inception_v3": {"input_size": 80}, "vit_b_16": {"input_size": 224}}
@@ -58,3 +58,20 @@ def test_random_weights_are_the_same_in_every_build():
     spec = ZOO["resnet_18"]
     a, b = spec.build(), spec.build()
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v2", "efficientnet_b0", "vit_b_16"])
+def test_random_classifiers_keep_their_signal_at_a_realistic_scale(name):
+    """torchvision's initialisation made these outputs 1e-10 (mobilenet_v2), 1e-15 (efficientnet_b0) or exactly
+    0 (ViT's zero head) in eval mode: below what fp16 and int8 represent. Rescaled, they are of order 1, and
+    the same in every build."""
+    import torch
+
+    spec = get_model(name)
+    shape = spec.shape(input_size=224 if name == "vit_b_16" else 64)
+    first, second = spec.build(shape=shape), spec.build(shape=shape)
+    inputs = spec.example_inputs(2, shape, first)
+    with torch.no_grad():
+        out = first(*inputs)
+        assert torch.equal(out, second(*inputs))
+    assert 0.1 < float(out.std()) < 10 and spec.random_weights == "random-unit-variance"
