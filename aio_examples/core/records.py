@@ -310,8 +310,7 @@ def append(out_dir: Path, result: Result) -> Path:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     except OSError as exc:
-        raise RecordNotSaved(f"{path}: the record of {result.model} {result.backend}/{result.precision} was not "
-                             f"appended ({exc.strerror}); {_keep_unsaved(result)}") from None
+        raise _not_saved(path, result, exc.strerror) from None
     try:
         written = 0
         try:
@@ -327,12 +326,16 @@ def append(out_dir: Path, result: Result) -> Path:
             os.ftruncate(fd, end - written)
     finally:
         os.close(fd)
-    raise RecordNotSaved(f"{path}: the record of {result.model} {result.backend}/{result.precision} was not "
-                         f"appended ({problem}); {_keep_unsaved(result)}")
+    raise _not_saved(path, result, problem)
 
 
 class RecordNotSaved(AioError):
     """A measured record could not be appended to its results file (it was kept elsewhere)."""
+
+
+def _not_saved(path: Path, result: Result, problem: str) -> RecordNotSaved:
+    return RecordNotSaved(f"{path}: the record of {result.model} {result.backend}/{result.precision} was not "
+                          f"appended ({problem}); {_keep_unsaved(result)}")
 
 
 def _keep_unsaved(result: Result) -> str:

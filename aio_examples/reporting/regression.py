@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 from ..analysis.compare import VERDICTS, Comparison, pct
 from ..core.errors import UsageError
+from ..core.records import strict
 from .page import STYLE
 
 
@@ -126,16 +127,8 @@ def to_html(c: Comparison) -> str:
 
 
 def to_json(c: Comparison) -> str:
-    def clean(v):          # JSON has no infinity: an interval that could not be computed is null
-        if isinstance(v, float) and not math.isfinite(v):
-            return None
-        if isinstance(v, dict):
-            return {k: clean(x) for k, x in v.items()}
-        if isinstance(v, list):
-            return [clean(x) for x in v]
-        return v
-
-    return json.dumps(clean({
+    # JSON has no infinity: an interval that could not be computed is null, as in the records.
+    return json.dumps(strict({
         "baseline": c.baseline.label, "new": c.new.label, "threshold": c.threshold, "confidence": c.confidence,
         "ignore": list(c.ignore), "notes": c.notes, "counts": c.counts, "exit_code": c.exit_code,
         "configurations": c.rows, "missing": c.missing, "new_only": c.added,
