@@ -19,6 +19,24 @@ class Prepared:
     precision_mode: str                         # what actually executed, e.g. "cast", "autocast", "int8-dynamic"
     info: dict = field(default_factory=dict)    # recorded in the result as backend_info
     compiles_on_first_call: bool = False        # then the runner makes one pass part of preparation
+    # torch inputs as the eager model takes them -> this backend's form; None: like `inputs` (dtype, layout)
+    convert: Callable[[tuple], tuple] | None = None
+
+    def feed(self, inputs: tuple) -> tuple:
+        """Other inputs of the example inputs' shapes (a dataset's batches) in the form `fn` takes."""
+        if self.convert is not None:
+            return self.convert(inputs)
+        return tuple(_like(new, ref) for new, ref in zip(inputs, self.inputs, strict=True))
+
+
+def _like(new, ref):
+    """`new` with `ref`'s dtype and memory layout (a backend that cast or went channels-last)."""
+    import torch
+
+    if not isinstance(ref, torch.Tensor):
+        raise TypeError(f"a backend whose inputs are {type(ref).__name__} must set Prepared.convert")
+    channels_last = ref.dim() == 4 and not ref.is_contiguous() and ref.is_contiguous(memory_format=torch.channels_last)
+    return new.to(dtype=ref.dtype, memory_format=torch.channels_last if channels_last else torch.preserve_format)
 
 
 @dataclass(frozen=True)

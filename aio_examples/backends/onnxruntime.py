@@ -52,16 +52,22 @@ class OnnxRuntimeBackend(Backend):
         if precision == "int8":
             path, info = export_onnx(model, example_inputs, ctx, "fp32")
             path, info["quantization"] = quantize(path, model, example_inputs, ctx)
-            inputs, mode = example_inputs, info["quantization"]["scheme"]
+            mode = info["quantization"]["scheme"]
         else:
             path, info = export_onnx(model, example_inputs, ctx, precision)
-            inputs, mode = prec.cast_tree(tuple(example_inputs), prec.dtype(precision)), "native"
+            mode = "native"
         # ORT opens its profile file when the session is made and fills it only when profiling ends: a session
         # that fails to load or to run would leave it behind, one file per unsupported point.
         with tempfile.TemporaryDirectory(prefix="aio-ort-profile-") as profile_dir:
             sess = make_session(path, threads, profile_dir=profile_dir)
             graph_inputs = {i.name for i in sess.get_inputs()}   # an exporter may drop inputs the graph never reads
-            feed = {n: _to_numpy(t) for n, t in zip(input_names(inputs), inputs) if n in graph_inputs}
+
+            def feeds(tensors) -> dict:
+                if precision != "int8":       # int8 graphs take fp32 inputs and quantize them inside
+                    tensors = prec.cast_tree(tuple(tensors), prec.dtype(precision))
+                return {n: _to_numpy(t) for n, t in zip(input_names(tensors), tensors) if n in graph_inputs}
+
+            feed = feeds(example_inputs)
             names, arrays = tuple(feed), tuple(feed.values())
             try:
                 kernels = _profiled_kernels(sess, feed)
@@ -80,7 +86,7 @@ class OnnxRuntimeBackend(Backend):
         def run(*arrays):
             return sess.run(None, dict(zip(names, arrays)))
 
-        return Prepared(run, arrays, mode, info)
+        return Prepared(run, arrays, mode, info, convert=lambda tensors: tuple(feeds(tensors).values()))
 
 
 def make_session(path: Path, threads: int, profile_dir: str | None = None):

@@ -91,7 +91,8 @@ class OpenVinoBackend(Backend):
             info["int8_layers"] = _int8_layers(compiled)
 
         request = compiled.create_infer_request()
-        arrays = tuple(np.ascontiguousarray(t.detach().numpy()) for t in example_inputs)
+        def convert(tensors):
+            return tuple(np.ascontiguousarray(t.detach().numpy()) for t in tensors)
 
         def run(*inputs):
             # share_inputs: OpenVINO reads the numpy buffers in place. Outputs are not shared: each pass gets
@@ -99,7 +100,7 @@ class OpenVinoBackend(Backend):
             # next pass before it is checked; the cost is one copy of the outputs.
             return list(request.infer(list(inputs), share_inputs=True).to_tuple())
 
-        return Prepared(run, arrays, mode, info)
+        return Prepared(run, convert(example_inputs), mode, info, convert=convert)
 
 
 def _torch_version() -> str:

@@ -52,6 +52,9 @@ def do_run(model: str, args) -> int:
 
     spec = get_model(model)
     shape = spec.shape(input_size=args.input_size, seq_len=args.seq_len, new_tokens=args.new_tokens)
+    from ..datasets import resolve
+
+    dataset = resolve(spec.task, args.dataset, args.labels, args.num_samples)   # read and checked before building
     backends = _backends(args.backend)
     if "aio" in backends:
         from ..aio_compile import resolve_options
@@ -66,7 +69,7 @@ def do_run(model: str, args) -> int:
 
     req = RunRequest(spec, backends, precisions, args.batch_size, choice, shape, args.weights, args.model_dir,
                      StopRule(timeout_s=args.timeout, num_runs=args.num_runs), scenario=scenario_of(args),
-                     point_id=args.point_id, probe=args.probe)
+                     point_id=args.point_id, probe=args.probe, dataset=dataset)
     compare = len(backends) > 1 or len(precisions) > 1
     results = run(req, out_dir, reference=compare)
     if args.json:

@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from .errors import AioError, UsageError
 
-SCHEMA_VERSION = "1.6"
+SCHEMA_VERSION = "1.7"
 STATUSES = ("ok", "fail_accuracy", "unsupported", "failed", "timeout")
 REQUIRED = ("model", "backend", "precision", "batch_size", "threads", "status")
 # The scenario of records before schema 1.6: interleaved latency rounds ("key" is what identifies it).
@@ -126,6 +126,7 @@ class Result:
     point_id: str | None = None                      # the sweep point this record answers (for resuming)
     scenario: dict = field(default_factory=lambda: dict(DEFAULT_SCENARIO))  # how it was driven (scenarios/)
     dataset: str = "synthetic"                       # where its inputs came from (datasets/)
+    accuracy: dict | None = None                     # task metrics on a labelled dataset (docs/datasets.md)
     env: dict = field(default_factory=dict)
     run_id: str = field(default_factory=new_run_id)
     timestamp: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
@@ -433,6 +434,7 @@ def format_table(results: list[Result]) -> str:
             "vs eager fp32": f"{r.speedup_vs_eager_fp32:.2f}x" if r.speedup_vs_eager_fp32 else "-",
             "check": _check_cell(r), "strategy": r.strategy or "-",
             "n": lat.get("n", 0), "confident": "yes" if r.confidence_met else "no",
+            **({"accuracy (vs eager fp32)": _accuracy_cell(r)} if any(x.accuracy for x in results) else {}),
         })
     table = pd.DataFrame(rows).to_string(index=False)
     notes = [f"  {r.backend}/{r.precision}: {r.status}: {r.reason}" for r in results if r.reason]
@@ -446,6 +448,15 @@ def _check_cell(r: Result) -> str:
         return "-"
     cosine = r.check.get("cosine")
     return ("pass" if r.check["passed"] else "FAIL") + (f" cos {cosine:.4f}" if cosine is not None else "")
+
+
+def _accuracy_cell(r: Result) -> str:
+    """Task metrics in points, each with its change from eager fp32 on the same samples."""
+    if not r.accuracy or not r.accuracy.get("metrics"):
+        return "-"
+    delta = r.accuracy.get("delta_vs_eager_fp32") or {}
+    return " ".join(f"{k} {100 * v:.1f}" + (f" ({100 * delta[k]:+.1f})" if k in delta else "")
+                    for k, v in r.accuracy["metrics"].items())
 
 
 def _fmt(value, digits=2) -> str:

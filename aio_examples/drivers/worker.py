@@ -63,6 +63,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="tokens to generate (text generation)")
     p.add_argument("--weights", default=None, help="a local torchvision/PyTorch state-dict file")
     p.add_argument("--model-dir", default=None, help="a local Hugging Face model folder (with tokenizer)")
+    p.add_argument("--dataset", default=None,
+                   help="KIND:PATH of a labelled dataset to score every configuration on (imagenet, coco, squad, "
+                        "glue, masked-text; default: the kind's environment variables, else synthetic inputs)")
+    p.add_argument("--labels", default=None, help="the dataset's labels or annotation file (imagenet, coco)")
+    p.add_argument("--num-samples", type=positive("--num-samples"), default=None,
+                   help="score only the first N samples of the dataset (default: all)")
     p.add_argument("--allow-oversubscribe", action="store_true",
                    help="allow more threads than CPUs available to this process")
     p.add_argument("--probe", action="store_true",

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..models.vision import detections
+
 # Minimum cosine similarity with eager fp32, per precision. Reduced precisions keep ~3 significant
 # digits (bf16: 8 mantissa bits), int8 fewer; deep networks accumulate that error layer by layer.
 COSINE_MIN = {"fp32": 0.9999, "bf16": 0.98, "fp16": 0.99, "int8": 0.95}
@@ -134,29 +136,16 @@ def _task_agreement(task: str, ref, out) -> dict:
 
 
 def _detection_agreement(ref, out) -> dict:
-    """Share of the top reference boxes that the output has too (same label, IoU >= 0.5), per image.
-
-    Detection outputs flatten to one (boxes, labels, scores) triple per image, in the model's own
-    key order: told apart by kind (boxes are N x 4, labels are integers).
-    """
+    """Share of the top reference boxes that the output has too (same label, IoU >= 0.5), per image."""
     if len(ref) % 3 or len(out) != len(ref):
         return {"boxes_matched": 0.0, "reference_boxes": None}
     matched = total = 0
-    for i in range(0, len(ref), 3):
-        rb, rl, rs = _triple(ref[i:i + 3])
-        ob, ol, _ = _triple(out[i:i + 3])
+    for (rb, rl, rs), (ob, ol, _) in zip(detections(ref), detections(out), strict=True):
         for j in np.argsort(-rs)[:DETECTION_TOP]:
             total += 1
             if len(ob):
                 matched += bool(np.any((_iou(rb[j], ob) >= IOU_MIN) & (ol == rl[j])))
     return {"boxes_matched": matched / total if total else None, "reference_boxes": total}
-
-
-def _triple(arrays):
-    boxes = next(a for a in arrays if a.ndim == 2)
-    labels = next(a for a in arrays if a.ndim == 1 and not np.issubdtype(a.dtype, np.floating))
-    scores = next(a for a in arrays if a.ndim == 1 and np.issubdtype(a.dtype, np.floating))
-    return boxes.astype(np.float64), labels, scores
 
 
 def _iou(box, boxes) -> np.ndarray:

@@ -20,6 +20,7 @@ from ..machine.contention import CONTENDED_CORES
 from ..machine.environment import capture
 from ..machine.threads import ThreadChoice, apply_threads
 from ..models import ModelSpec, file_sha256
+from . import accuracy
 from .output_check import check_outputs
 from .scenarios import LatencyScenario, Scenario
 from .timing import Measurement, StopRule, time_passes
@@ -64,6 +65,12 @@ class RunRequest:
                              "accepted: a PyTorch state-dict file")
         if self.model_dir is not None and not Path(self.model_dir).is_dir():
             raise UsageError(f"--model-dir {self.model_dir!r} is not a folder; accepted: a local Hugging Face model folder")
+        if self.dataset.tasks and self.spec.task not in self.dataset.tasks:
+            raise UsageError(f"dataset {self.dataset.name!r} is for {', '.join(self.dataset.tasks)}, not "
+                             f"{self.spec.name}'s {self.spec.task}")
+        if getattr(self.dataset, "needs_tokenizer", False) and self.model_dir is None and self.module is None:
+            raise UsageError(f"dataset {self.dataset.name!r} needs text tokenized as the model was trained; "
+                             "accepted: --model-dir with a folder holding the model and its tokenizer")
 
 
 def _check_memory(spec: ModelSpec, batch_size: int, shape: dict) -> None:
@@ -83,6 +90,7 @@ class _Candidate:
     precision: str
     result: res.Result
     measurement: Measurement | None = None
+    prepared: object = None          # the backend's Prepared, for accuracy mode after the timed passes
 
 
 def _classify(exc: BaseException) -> tuple[str, str]:
@@ -131,6 +139,7 @@ def _run(req: RunRequest, out_dir: Path | None, run_id: str | None, reference: b
         configs.insert(0, ("eager", "fp32"))
     with torch.no_grad():
         reference_output = req.spec.make_pass(_eager_fp32(module, inputs), req.shape)()
+        reference = _reference_accuracy(req, module, inputs)
     _count_flops(req)
     blank = _blank_record(req, run_id or res.new_run_id(), threads_in_effect)
     candidates = []
@@ -145,6 +154,8 @@ def _run(req: RunRequest, out_dir: Path | None, run_id: str | None, reference: b
     for cand in active:
         _fill(cand, req)
         _check(cand, req, reference_output, blank.weights)
+    if reference is not None:
+        interrupted = interrupted or _accuracy(active, req, module, reference, out_dir, blank.run_id)
     _speedups(candidates)
     if out_dir is not None:
         _append_all(out_dir, [c.result for c in candidates])
@@ -278,6 +289,7 @@ def _prepare(cand: _Candidate, req: RunRequest, module, inputs, ctx: PrepareCont
     result.backend_info = prepared.info
     result.strategy = prepared.info.get("strategy", cand.backend)
     cand.measurement = Measurement(one_pass, req.rule, first_output=first_output)
+    cand.prepared = prepared
 
 
 def _check(cand: _Candidate, req: RunRequest, reference_output, weights: str) -> None:
@@ -289,6 +301,53 @@ def _check(cand: _Candidate, req: RunRequest, reference_output, weights: str) ->
     r.check = check.to_dict()
     if not check.passed:
         r.status, r.reason = "fail_accuracy", check.reason
+
+
+def _reference_accuracy(req: RunRequest, module, inputs) -> dict | None:
+    """Eager fp32's metrics over the dataset, before any backend is prepared: a dataset that cannot be read
+    or does not fit the model stops the run here, with nothing measured yet."""
+    if not req.dataset.labelled:
+        return None
+    logger.info("scoring eager fp32 on %s (%d samples)", req.dataset.name, len(req.dataset.samples))
+    metrics, predictions, samples, seconds = accuracy.score(req.dataset, req.spec, module, _eager_fp32(module, inputs),
+                                                            req.batch_size, req.shape)
+    logger.info("eager fp32: %s", ", ".join(f"{k} {100 * v:.2f}" for k, v in metrics.items()))
+    return {"metrics": metrics, "predictions": predictions, "samples": samples, "seconds": seconds}
+
+
+def _accuracy(active: list[_Candidate], req: RunRequest, module, reference: dict, out_dir: Path | None,
+              run_id: str) -> KeyboardInterrupt | None:
+    """Score every measured configuration on the dataset (after all timing, so it never disturbs it); a
+    drop below eager fp32 beyond its precision's allowance makes it fail_accuracy. Ctrl-C stops scoring:
+    what was measured is still written."""
+    import torch
+
+    for cand in active:
+        r = cand.result
+        if r.status not in ("ok", "fail_accuracy"):
+            continue
+        try:
+            if (cand.backend, cand.precision) == ("eager", "fp32"):
+                found = reference["metrics"], reference["predictions"], reference["samples"], reference["seconds"]
+            else:
+                logger.info("scoring %s/%s on %s", cand.backend, cand.precision, req.dataset.name)
+                with torch.no_grad():
+                    found = accuracy.score(req.dataset, req.spec, module, cand.prepared, req.batch_size, req.shape)
+        except KeyboardInterrupt as stop:
+            for later in active[active.index(cand):]:
+                if later.result.status in ("ok", "fail_accuracy"):
+                    later.result.warnings.append("accuracy not evaluated: interrupted")
+            return stop
+        except Exception as exc:  # noqa: BLE001  (a backend failing on a later batch: its record says why)
+            r.status, r.reason = "failed", "scoring the dataset: " + _classify(exc)[1]
+            continue
+        metrics, predictions, samples, seconds = found
+        saved = accuracy.save_predictions(out_dir, run_id, cand.backend, cand.precision, predictions)
+        r.accuracy = accuracy.block(req.dataset, metrics, samples, seconds, reference["metrics"], saved)
+        why = accuracy.verdict(r.accuracy, cand.precision)
+        if why and r.status == "ok":
+            r.status, r.reason = "fail_accuracy", why
+    return None
 
 
 def _fail_measurement(measurement: Measurement, exc: BaseException) -> None:

@@ -9,7 +9,8 @@ _GENERATION_JIT = "generation passes a growing KV cache between steps, which a t
 
 ZOO: dict[str, ModelSpec] = {spec.name: spec for spec in (
     # classification (torchvision)
-    Classifier("resnet_50_v1", "image-classification", "images", {"input_size": 224}, builder="resnet50"),
+    Classifier("resnet_50_v1", "image-classification", "images", {"input_size": 224}, builder="resnet50",
+               weights_name="IMAGENET1K_V1"),
     Classifier("resnet_18", "image-classification", "images", {"input_size": 224}, builder="resnet18"),
     Classifier("mobilenet_v2", "image-classification", "images", {"input_size": 224}, builder="mobilenet_v2"),
     Classifier("mobilenet_v3_large", "image-classification", "images", {"input_size": 224},

@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -61,6 +62,7 @@ class Classifier(ModelSpec):
     builder: str = ""
     builder_kwargs: dict = field(default_factory=dict)
     min_size: int = 32
+    weights_name: str = "DEFAULT"     # the torchvision weights whose evaluation transforms real images get
 
     def smoke_shape(self):
         return {"input_size": max(64, self.min_size)}
@@ -87,6 +89,18 @@ class Classifier(ModelSpec):
 
     def calibration_inputs(self, batch_size, shape, module, n):
         return [(_images(batch_size, shape["input_size"], seed=99 + i),) for i in range(n)]
+
+    def preprocess(self, shape: dict):
+        """PIL image -> input tensor: torchvision's own evaluation transforms for this architecture's weights
+        (resize, centre crop, normalise; the weights enum carries them, nothing is downloaded), with the crop
+        at --input-size and the resize scaled with it."""
+        tv = ensure_torchvision()
+        preset = getattr(tv.models.get_model_weights(self.builder), self.weights_name).transforms()
+        crop = shape["input_size"]
+        resize = round(crop * preset.resize_size[0] / preset.crop_size[0])
+        transform = type(preset)(crop_size=crop, resize_size=resize, mean=preset.mean, std=preset.std,
+                                 interpolation=preset.interpolation, antialias=preset.antialias)
+        return lambda image: transform(image.convert("RGB"))
 
 
 class DetectionModel(nn.Module):
@@ -130,3 +144,31 @@ class Detector(ModelSpec):
 
     def calibration_inputs(self, batch_size, shape, module, n):
         return [(_images(batch_size, shape["input_size"], seed=99 + i),) for i in range(n)]
+
+    def preprocess(self, shape: dict):
+        """PIL image -> (input tensor, (x, y) scale back to the original image): torchvision's detection
+        preset (a float tensor in [0, 1]; the model normalises inside) at the fixed square input size."""
+        tv = ensure_torchvision()
+        side = shape["input_size"]
+
+        def transform(image):
+            width, height = image.size
+            resized = image.convert("RGB").resize((side, side), resample=2)     # bilinear
+            return tv.transforms.functional.to_tensor(resized), (width / side, height / side)
+        return transform
+
+
+def detections(arrays: list) -> list[tuple]:
+    """A detection model's flattened outputs (numpy arrays) as one (boxes N x 4, labels, scores) per image.
+
+    torchvision gives a {boxes, labels, scores} dict per image; flattened by any backend it is one triple
+    per image in the model's own key order, told apart by kind (boxes are N x 4, labels are integers).
+    """
+    out = []
+    for i in range(0, len(arrays) - len(arrays) % 3, 3):
+        triple = arrays[i:i + 3]
+        boxes = next(a for a in triple if a.ndim == 2)
+        labels = next(a for a in triple if a.ndim == 1 and not np.issubdtype(a.dtype, np.floating))
+        scores = next(a for a in triple if a.ndim == 1 and np.issubdtype(a.dtype, np.floating))
+        out.append((boxes.astype(np.float64), labels, scores))
+    return out

@@ -33,15 +33,15 @@ def test_the_runner_measures_on_the_inputs_of_its_dataset_and_records_its_name(t
     assert ramp.asked == ["example"] and r.status == "ok"
     assert r.dataset == "ramp" and r.key().dataset == "ramp"
     assert ramp.calibration_inputs(spec, 1, {"input_size": 32}, None, 3)[0][0].shape == (1, 3, 32, 32)
-    assert ramp.score([], []) == {} and list(ramp.batches(spec, 1, {}, None)) == []
+    assert ramp.evaluation(spec, None) is None and list(ramp.batches(spec, 1, {}, None)) == []
 
 
 def test_synthetic_is_the_default_and_gives_each_models_own_inputs():
     spec = get_model("squeezenet")
     synthetic = get_dataset("synthetic")
-    assert synthetic is DATASETS["synthetic"] and not synthetic.labelled
+    assert isinstance(synthetic, DATASETS["synthetic"]) and not synthetic.labelled
     ours = synthetic.example_inputs(spec, 2, {"input_size": 32}, None)
     theirs = spec.example_inputs(2, {"input_size": 32}, None)
     assert len(ours) == len(theirs) and all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
-    with pytest.raises(UsageError, match="dataset 'imagenet' is unknown; accepted: synthetic"):
-        get_dataset("imagenet")
+    with pytest.raises(UsageError, match="dataset 'imagenette' is unknown; accepted: synthetic, imagenet"):
+        get_dataset("imagenette")

@@ -1,0 +1,104 @@
+"""COCO object detection: a folder of images and its instances annotation file, scored by pycocotools.
+
+Boxes come back from the model at its input size and are mapped to the original image's coordinates;
+torchvision's COCO detectors number their classes by COCO category id (91 slots), so labels are ids.
+Predictions are written as COCO results JSON, which pycocotools (or anyone) rescores as it is.
+"""
+
+from ..core.errors import UsageError
+from ..models.vision import detections
+from . import metrics
+from .base import Evaluation, LabelledDataset, read_json
+
+ANNOTATIONS = "a COCO instances JSON file (images, annotations, categories)"
+
+
+class Coco(LabelledDataset):
+    name = "coco"
+    tasks = ("object-detection",)
+    path_kind = "a folder of COCO images, with its instances annotation file (--labels or COCO_ANNO_PATH)"
+
+    def _index(self):
+        if not self.path.is_dir():
+            raise UsageError(f"coco dataset {str(self.path)!r} is not a folder; accepted: {self.path_kind}")
+        if self.labels is None:
+            raise UsageError(f"coco dataset {str(self.path)!r} needs its annotation file; accepted: {ANNOTATIONS} "
+                             "given by --labels or COCO_ANNO_PATH")
+        data = read_json(self.labels, ANNOTATIONS)
+        if not isinstance(data, dict) or not all(isinstance(data.get(k), list)
+                                                 for k in ("images", "annotations", "categories")):
+            raise UsageError(f"{str(self.labels)!r} is not a COCO instances file; accepted: {ANNOTATIONS}")
+        samples = []
+        for image in sorted(data["images"], key=lambda i: i.get("id", 0) if isinstance(i, dict) else 0):
+            if not isinstance(image, dict) or "id" not in image or "file_name" not in image:
+                raise UsageError(f"{str(self.labels)!r} has an image entry without id and file_name; "
+                                 f"accepted: {ANNOTATIONS}")
+            file = self.path / image["file_name"]
+            if not file.is_file():
+                raise UsageError(f"{str(self.labels)!r} names image {image['file_name']!r}, which is not in "
+                                 f"{str(self.path)!r}; accepted: the image folder of that annotation file")
+            samples.append((file, int(image["id"])))
+        return samples
+
+    def _describe_sample(self, sample):
+        return [sample[0].name, sample[1]]
+
+    def _inputs(self, spec, shape, module, samples):
+        import torch
+        from PIL import Image
+
+        transform = spec.preprocess(shape)
+        self._scales = {}
+        tensors = []
+        for path, image_id in samples:
+            try:
+                with Image.open(path) as image:
+                    tensor, self._scales[image_id] = transform(image)
+            except OSError as exc:
+                raise UsageError(f"image {str(path)!r} cannot be decoded ({exc}); accepted: an image file") from None
+            tensors.append(tensor)
+        return (torch.stack(tensors),)
+
+    def _target(self, sample):
+        return (sample[1], self._scales[sample[1]])
+
+    def ground_truth(self):
+        """The annotation file as pycocotools reads it (once per dataset)."""
+        if getattr(self, "_coco", None) is None:
+            import contextlib
+            import io
+
+            from pycocotools.coco import COCO
+
+            with contextlib.redirect_stdout(io.StringIO()):
+                try:
+                    self._coco = COCO(str(self.labels))
+                except Exception as exc:  # noqa: BLE001  (pycocotools asserts and raises KeyError on odd files)
+                    raise UsageError(f"{str(self.labels)!r} is not a COCO instances file pycocotools reads "
+                                     f"({exc.__class__.__name__}); accepted: {ANNOTATIONS}") from None
+        return self._coco
+
+    def evaluation(self, spec, module):
+        return CocoEvaluation(self.ground_truth())
+
+
+class CocoEvaluation(Evaluation):
+    """COCO results (x, y, width, height in original pixels) gathered over the batches, scored by COCOeval."""
+
+    def __init__(self, ground_truth):
+        self.ground_truth, self.results, self.image_ids = ground_truth, [], []
+
+    def add(self, batch, outputs):
+        for (image_id, (sx, sy)), (boxes, labels, scores) in zip(batch.targets, detections(outputs), strict=False):
+            self.image_ids.append(image_id)
+            for (x1, y1, x2, y2), label, score in zip(boxes, labels, scores, strict=True):
+                self.results.append({"image_id": image_id, "category_id": int(label), "score": round(float(score), 5),
+                                     "bbox": [round(float(v), 2) for v in (x1 * sx, y1 * sy, (x2 - x1) * sx,
+                                                                           (y2 - y1) * sy)]})
+
+    def metrics(self):
+        return metrics.coco_detection(self.ground_truth, self.results, self.image_ids)
+
+    def predictions(self):
+        return self.results
+
