@@ -102,7 +102,8 @@ def main() -> int:
            "--backend", args.backends, "-p", args.precisions, "-t", args.threads, "-b", "8",
            "--output", str(out / "results")]
     subprocess.run(run, check=True)
-    return subprocess.run([sys.executable, "-m", "aio_examples", "report", str(out / "results")]).returncode
+    report = [sys.executable, "-m", "aio_examples", "report", str(out / "results"), "--output", str(out / "report")]
+    return subprocess.run(report, check=False).returncode
 
 
 if __name__ == "__main__":
