@@ -10,19 +10,28 @@ from ..core.errors import UsageError
 from ..core.registry import lookup
 from .base import Batch, Dataset, Evaluation, LabelledDataset
 from .coco import Coco
+from .glue import Glue
 from .imagenet import ImageNet
+from .masked_text import MaskedText
+from .squad import Squad
 from .synthetic import SyntheticDataset
 
 DATASETS: dict[str, type[Dataset]] = {d.name: d for d in (
     SyntheticDataset,
     ImageNet,
     Coco,
+    Squad,
+    Glue,
+    MaskedText,
 )}
 
 # kind -> (variable of its path, variable of its labels or annotation file)
 ENVIRONMENT = {
     "imagenet": ("IMAGENET_IMG_PATH", "IMAGENET_LABELS_PATH"),
     "coco": ("COCO_IMG_PATH", "COCO_ANNO_PATH"),
+    "squad": ("SQUAD_V1_1_PATH", ""),       # "": no labels variable (os.environ.get refuses None)
+    "glue": ("GLUE_TSV_PATH", ""),
+    "masked-text": ("MASKED_TEXT_PATH", ""),
 }
 
 DEFAULT_DATASET = "synthetic"
