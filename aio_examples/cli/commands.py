@@ -195,7 +195,7 @@ def do_sweep(args) -> int:
                  "batch_sizes": args.batch_sizes, "threads": args.threads, "allocators": args.allocators,
                  "timeout": args.timeout, "point_timeout": args.point_timeout, "output": args.output,
                  "shape": shape or None, "repeats": args.repeats, "probe": args.probe or None,
-                 "interleave": args.interleave}
+                 "interleave": args.interleave, "num_samples": args.num_samples}
     if args.config:
         cfg = SweepConfig.from_toml(args.config, overrides)
     else:
@@ -286,6 +286,7 @@ def do_compare(args) -> int:
     from ..reporting import regression
 
     threshold = cmp.parse_threshold(args.threshold)
+    tolerance = cmp.parse_accuracy_tolerance(args.accuracy_tolerance)
     if args.output and not Path(args.output).parent.is_dir():
         raise UsageError(f"--output {args.output!r} is in a folder that does not exist; accepted: a file path in an "
                          "existing folder")
@@ -293,7 +294,7 @@ def do_compare(args) -> int:
     ignore = split_items(args.ignore, "--ignore") if args.ignore is not None else ()
     cmp.check_ignore(ignore)
     baseline, new = load_run(args.baseline, args.history), load_run(args.new, args.history)
-    comparison = cmp.compare(baseline, new, threshold, args.confidence, ignore)
+    comparison = cmp.compare(baseline, new, threshold, args.confidence, ignore, accuracy_tolerance=tolerance)
     text = regression.render(comparison, args.format)
     if args.output:
         Path(args.output).write_text(text)

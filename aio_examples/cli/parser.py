@@ -69,6 +69,8 @@ def _add_drivers(sub) -> None:
     sw.add_argument("--interleave", type=positive("--interleave"), default=None,
                     help="keep this many points' processes alive and let them take one-second turns, so each "
                          "point's passes come from moments spread over the sweep (default 1: one after another)")
+    sw.add_argument("--num-samples", type=positive("--num-samples"), default=None,
+                    help="samples of each dataset (the config's datasets table) scored per point (default: all)")
     sw.add_argument("--output", default=None, help="folder of results.jsonl; rerunning resumes (default results/sweep)")
     sw.add_argument("--quiet", action="store_true", help="no progress bar (also when CI=true)")
     tp = sub.add_parser("throughput", help="N instances x T threads on disjoint cores, throughput summed")
@@ -108,6 +110,9 @@ def _add_analysis(sub) -> None:
     cp.add_argument("new", help="results folder or file, or history:ID / history:latest")
     cp.add_argument("--threshold", default="5%", help="smallest change that matters (default 5%%)")
     cp.add_argument("--confidence", type=float, default=0.95, help="level of the intervals (default 0.95)")
+    cp.add_argument("--accuracy-tolerance", default=None,
+                    help="largest fall of a task metric that is not a regression, in points: METRIC=POINTS comma "
+                         "list like top_1=0.3,map=1.0, or POINTS for every metric (default 0.5)")
     cp.add_argument("--format", default="md", help="md (default), html or json")
     cp.add_argument("--output", default=None, help="write to this file instead of printing")
     cp.add_argument("--ignore", default=None,

@@ -51,6 +51,7 @@ class Point:
     allocator: str = "default"
     shape: tuple = ()                  # sorted (name, value) overrides, e.g. (("seq_len", 128),)
     repeat: int = 0                    # the same configuration again, in another process (SweepConfig.repeats)
+    dataset: tuple = ()                # (kind, path, labels) to score on; () for the model's synthetic inputs
 
     @cached_property
     def key(self) -> ConfigKey:
@@ -59,7 +60,8 @@ class Point:
 
         spec = get_model(self.model)
         return ConfigKey(self.model, spec.task, self.backend, self.precision, self.batch_size, self.threads, 1,
-                         self.allocator, shape_label(spec.shape(**dict(self.shape))), "latency", "synthetic", "*")
+                         self.allocator, shape_label(spec.shape(**dict(self.shape))), "latency",
+                         self.dataset[0] if self.dataset else "synthetic", "*")
 
     @cached_property
     def point_id(self) -> str:
@@ -71,8 +73,9 @@ class Point:
     def legacy_point_id(self) -> str:
         """The point's id in release 0.1 (a digest of the sweep's own fields), so its outputs resume too."""
         fields_ = asdict(self)
-        if not fields_["repeat"]:
-            del fields_["repeat"]
+        for later in ("repeat", "dataset"):          # fields added since, left out at their defaults
+            if not fields_[later]:
+                del fields_[later]
         return _digest(fields_)
 
     @property
@@ -80,7 +83,9 @@ class Point:
         extra = "".join(f" {k}={v}" for k, v in self.shape)
         alloc = "" if self.allocator == "default" else f" [{self.allocator}]"
         again = f" (repeat {self.repeat + 1})" if self.repeat else ""
-        return f"{self.model} {self.backend} {self.precision} b{self.batch_size} t{self.threads}{alloc}{extra}{again}"
+        data = f" on {self.dataset[0]}" if self.dataset else ""
+        return (f"{self.model} {self.backend} {self.precision} b{self.batch_size} t{self.threads}{alloc}{extra}{data}"
+                f"{again}")
 
 
 def _names_list(name: str, values, accepted: str) -> None:
@@ -122,6 +127,10 @@ class SweepConfig:
     probe: bool = False
     # Up to this many points' processes alive at once, taking one-second turns (drivers/turns.py); 1: one after another.
     interleave: int = 1
+    # Labelled datasets by kind, {"imagenet": {"path": ..., "labels": ...}}: each model is scored on the one
+    # serving its task (docs/datasets.md); others run on synthetic inputs. Opened and checked before any point.
+    datasets: dict = field(default_factory=dict)
+    num_samples: int | None = None            # samples of each dataset scored (default: all)
 
     def __post_init__(self):
         from ..backends import available_backends, get_backend
@@ -170,10 +179,35 @@ class SweepConfig:
         for k, v in self.shape.items():
             if k not in SHAPE_KEYS or not isinstance(v, int) or v < 1:
                 raise UsageError(f"shape {k}={v!r} is invalid; accepted: {', '.join(SHAPE_KEYS)} = whole numbers")
+        self._check_datasets()
         for name in ("timeout", "point_timeout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
                 raise UsageError(f"{name} {value!r} is invalid; accepted: seconds > 0 (a finite number)")
+
+    def _check_datasets(self) -> None:
+        from ..datasets import open_dataset
+
+        if not isinstance(self.datasets, dict):
+            raise UsageError(f"datasets {self.datasets!r} is invalid; accepted: a table of kind = {{path, labels}}")
+        if self.num_samples is not None and (isinstance(self.num_samples, bool) or not isinstance(self.num_samples, int)
+                                             or self.num_samples < 1):
+            raise UsageError(f"num_samples {self.num_samples!r} is invalid; accepted: a whole number >= 1")
+        for kind, where in self.datasets.items():
+            if not isinstance(where, dict) or not isinstance(where.get("path"), str) or set(where) - {"path", "labels"}:
+                raise UsageError(f"datasets.{kind} {where!r} is invalid; accepted: {{path = \"...\", labels = \"...\"}}")
+            open_dataset(kind, where["path"], where.get("labels"), self.num_samples)
+
+    def dataset_of(self, model: str) -> tuple:
+        """(kind, path, labels) of the dataset serving `model`'s task, or () for synthetic inputs."""
+        from ..datasets import DATASETS
+        from ..models import get_model
+
+        task = get_model(model).task
+        for kind, where in self.datasets.items():
+            if task in DATASETS[kind].tasks:
+                return kind, where["path"], where.get("labels")
+        return ()
 
     @classmethod
     def from_toml(cls, path, overrides: dict | None = None) -> "SweepConfig":
@@ -195,7 +229,7 @@ class SweepConfig:
 
     def points(self, default_threads: list[int]) -> list[Point]:
         shape = tuple(sorted(self.shape.items()))
-        return [Point(m, b, p, bs, t, a, shape, r) for r in range(self.repeats) for m in self.models
+        return [Point(m, b, p, bs, t, a, shape, r, self.dataset_of(m)) for r in range(self.repeats) for m in self.models
                 for b in self.backends for p in self.precisions for bs in self.batch_sizes
                 for t in (self.threads or default_threads) for a in self.allocators]
 
@@ -262,8 +296,15 @@ def launch_of(point: Point, cfg: SweepConfig, out: Path, topology, numa_cpus=Non
         return Launch(point, spec, binding, unsupported=str(exc))
     argv = run_argv(point.model, dict(point.shape), backend=point.backend, precision=point.precision,
                     batch_size=point.batch_size, threads=point.threads, timeout=cfg.timeout, output=out,
-                    point_id=point.point_id, probe=cfg.probe, json=True, **extra)
+                    point_id=point.point_id, probe=cfg.probe, json=True, **_dataset_flags(point, cfg), **extra)
     return Launch(point, spec, binding, env, argv)
+
+
+def _dataset_flags(point: Point, cfg: SweepConfig) -> dict:
+    if not point.dataset:
+        return {}
+    kind, path, labels = point.dataset
+    return {"dataset": f"{kind}:{path}", "labels": labels, "num_samples": cfg.num_samples}
 
 
 def status_of(launch: Launch, out: Path, start: int, outcome) -> str:

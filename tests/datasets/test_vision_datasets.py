@@ -6,10 +6,12 @@ validation folder, and a resnet_18 trained on the other digits by the test itsel
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT, run_cli
 from PIL import Image
 
 from aio_examples.core.errors import UsageError
@@ -23,10 +25,9 @@ from aio_examples.machine.threads import ThreadChoice
 from aio_examples.measurement.runner import RunRequest, run
 from aio_examples.measurement.timing import StopRule
 from aio_examples.models import get_model
-from conftest import ROOT, run_cli
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-import digits  # noqa: E402  (benchmarks/ is scripts, not a package)
+import digits  # benchmarks/ is scripts, not a package
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,7 @@ def test_a_classifier_trained_on_digits_scores_far_above_chance_through_run_py(t
     for r in ran:          # bf16 and int8 within their allowance of eager fp32, on the same samples
         assert r.status == "ok", (r.backend, r.precision, r.reason)
         assert abs(r.accuracy["delta_vs_eager_fp32"]["top_1"]) <= 0.01
-        predictions = json.loads(open(r.accuracy["predictions"]).read())
+        predictions = json.loads(Path(r.accuracy["predictions"]).read_text())
         assert len(predictions) == 360 and predictions[0]["image"] == "digit_00001.png"
         top1 = np.mean([p["top_5"][0] == p["label"] for p in predictions])
         assert top1 == pytest.approx(r.accuracy["metrics"]["top_1"])          # anyone can rescore the file
@@ -180,7 +181,7 @@ def test_a_detector_on_coco_through_the_runner_writes_results_pycocotools_rescor
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
-    results = json.loads(open(r.accuracy["predictions"]).read())
+    results = json.loads(Path(r.accuracy["predictions"]).read_text())
     assert {d["image_id"] for d in results} <= {1, 2, 3} and all(len(d["bbox"]) == 4 for d in results)
     gt = COCO(str(anno))
     direct = COCOeval(gt, gt.loadRes(results), "bbox")
@@ -202,3 +203,38 @@ def test_backends_take_a_datasets_later_batches_in_their_own_form():
             out = prepared.fn(*prepared.feed((later,)))
             got = out[0] if isinstance(out, (list, tuple)) else out
             assert np.allclose(np.asarray(got), expected, atol=1e-4), name
+
+
+def test_a_sweep_scores_each_model_on_its_dataset_and_records_a_point_whose_data_fails(trained_digits, tmp_path):
+    images, labels, _ = trained_digits
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "a.png").write_bytes(b"not a png")        # named by its labels file: found only when decoded
+    (broken / "val_map.txt").write_text("a.png 1\n")
+    config = tmp_path / "accuracy.toml"
+    config.write_text(f"""
+models = ["squeezenet"]
+backends = ["eager", "onnxruntime"]
+threads = [1]
+batch_sizes = [4]
+timeout = 0.3
+num_samples = 40
+shape = {{input_size = 32}}
+output = "{tmp_path / 'out'}"
+[datasets.imagenet]
+path = "{images}"
+labels = "{labels}"
+""")
+    proc = run_cli(["-m", "aio_examples", "sweep", "--config", str(config), "--quiet"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = load_records(tmp_path / "out" / "results.jsonl")
+    assert {r.backend for r in records} == {"eager", "onnxruntime"}
+    assert all(r.dataset == "imagenet" and r.accuracy["samples"] == 40 for r in records)
+    assert len({r.accuracy["dataset"]["digest"] for r in records}) == 1      # the same samples everywhere
+    again = run_cli(["-m", "aio_examples", "sweep", "--config", str(config), "--quiet"])
+    assert "2 already done" in again.stdout                               # resumed by the dataset's key too
+    config.write_text(config.read_text().replace(str(labels), str(broken / "val_map.txt"))
+                      .replace(str(images), str(broken)).replace(str(tmp_path / "out"), str(tmp_path / "out2")))
+    proc = run_cli(["-m", "aio_examples", "sweep", "--config", str(config), "--quiet"])
+    [first, *_] = load_records(tmp_path / "out2" / "results.jsonl")
+    assert first.status == "failed" and "cannot be decoded" in first.reason
