@@ -71,7 +71,7 @@ class Glue(LabelledDataset):
         pairs = [t[1] for t in texts] if len(texts[0]) == 2 else None
         enc = tokenizer([t[0] for t in texts], pairs, truncation=True, padding="max_length",
                         max_length=shape["seq_len"], return_tensors="pt")
-        return enc["input_ids"], enc["attention_mask"]
+        return module.encoded(enc)
 
     def _target(self, sample):
         index, _, _, label = sample

@@ -97,7 +97,7 @@ class Squad(LabelledDataset):
             offsets = enc["offset_mapping"][row].numpy().astype(np.int64)
             offsets[~in_context] = -1
             self._offsets[sample.qid] = offsets
-        return enc["input_ids"], enc["attention_mask"]
+        return module.encoded(enc)
 
     def _target(self, sample):
         return (sample.qid, sample.context, self._offsets[sample.qid], sample.answers)

@@ -35,8 +35,15 @@ class EncoderModel(nn.Module):
         self.model = model
         self.tokenizer = tokenizer
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=False)
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None):
+        segments = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=False, **segments)
+
+    def encoded(self, enc) -> tuple:
+        """A tokenizer's batch as inputs: with the segment ids of a text pair when the model was trained with
+        them (BERT marks the second text as type 1: a fine-tuned QA head reads it)."""
+        uses_segments = getattr(self.model.config, "type_vocab_size", 1) > 1 and "token_type_ids" in enc
+        return (enc["input_ids"], enc["attention_mask"]) + ((enc["token_type_ids"],) if uses_segments else ())
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 BERT heads small enough to run in milliseconds, loaded through the zoo's specs as `--model-dir` loads them."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -342,3 +343,31 @@ def test_each_kind_is_picked_by_its_variable_and_refused_for_another_task(squad_
                                          r"accepted: synthetic, glue$"):
         resolve("text-classification", dataset="squad:" + str(squad_file))
     assert resolve("question-answering", dataset="squad:" + str(squad_file), num_samples=2).samples[-1].qid == "q2"
+
+
+def test_squad_through_the_runner_gives_every_backend_the_segment_ids_and_eager_fp32s_scores(folders, squad_file,
+                                                                                               tmp_path):
+    from aio_examples.machine.threads import ThreadChoice
+    from aio_examples.measurement.runner import RunRequest, run
+    from aio_examples.measurement.timing import StopRule
+
+    spec = get_model("bert_base")
+    ds = open_dataset("squad", str(squad_file))
+    module = spec.build(model_dir=str(folders["qa"]))
+    assert len(next(ds.batches(spec, 2, {"seq_len": 48}, module)).inputs) == 3      # ids, mask, segments
+    records = run(RunRequest(spec, ["eager", "onnxruntime", "openvino"], "fp32", 2, ThreadChoice(1, "--threads"),
+                             {"seq_len": 48}, model_dir=str(folders["qa"]), rule=StopRule(timeout_s=0.2), dataset=ds),
+                  tmp_path)
+    for r in records:
+        assert r.status == "ok", (r.backend, r.reason)
+        assert r.accuracy["samples"] == 4 and r.accuracy["delta_vs_eager_fp32"] == {"exact_match": 0.0, "f1": 0.0}
+        assert set(json.loads(Path(r.accuracy["predictions"]).read_text())) == {"q1", "q2", "q3", "q4"}
+
+
+def test_a_text_dataset_without_a_model_folder_is_refused_before_building(squad_file):
+    from aio_examples.machine.threads import ThreadChoice
+    from aio_examples.measurement.runner import RunRequest
+
+    with pytest.raises(UsageError, match="dataset 'squad' needs text tokenized as the model was trained"):
+        RunRequest(get_model("bert_base"), ["eager"], "fp32", 1, ThreadChoice(1, "--threads"), {"seq_len": 48},
+                   dataset=open_dataset("squad", str(squad_file)))
