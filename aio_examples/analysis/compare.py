@@ -29,6 +29,11 @@ the passes first (take_out_machine), and everything above is computed on what is
 A status change from ok to anything else is a regression (it no longer runs, or its answer is wrong), the
 reverse an improvement. Multi-instance configurations are judged on their aggregate throughput, with the
 pooled passes of their instances for the interval.
+
+Accuracy has a verdict of its own, beside the timing one: where both records of a configuration carry task
+metrics on a labelled dataset (`accuracy`), a metric that fell by more than its tolerance (default 0.5
+points) is an accuracy regression, and fails the comparison as a slowdown does. A faster build that lost
+accuracy is then caught even when its timing verdict is an improvement.
 """
 
 
@@ -38,7 +43,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core.errors import UsageError
-from ..core.records import KEY_FIELDS
+from ..core.records import KEY_FIELDS, Result
+from ..drivers.worker import split_items
 from ..measurement import stats
 from .noise import MIN_SPREAD_CONFIGS, Noise, between_run_noise, take_out_machine
 from .runs import LIBRARIES, Run
@@ -47,6 +53,11 @@ VERDICTS = ("regression", "suspicious", "improvement", "unchanged")
 IGNORABLE = ("threads", "batch_size", "instances", "allocator", "shape", "scenario", "dataset", "machine")
 DEFAULT_THRESHOLD = 0.05
 TOGETHER = 0.8           # this share of the configurations moving the same way is the whole run moving
+# Largest fall of a task metric (a fraction) that is not an accuracy regression: eager fp32 against itself on
+# the same samples scores the same, and a backend that only reorders float sums moves a metric by a few
+# samples in a thousand; the runner's fp32 allowance against eager is the same 0.5 points.
+DEFAULT_ACCURACY_TOLERANCE = 0.005
+EVERY_METRIC = "*"       # the key of a tolerance given without a metric name
 
 
 def parse_threshold(text: str) -> float:
@@ -59,6 +70,28 @@ def parse_threshold(text: str) -> float:
     if value is None or not (t.endswith("%") or value < 1) or not 0 < value < 1:
         raise UsageError(f"--threshold {text!r} is invalid; accepted: a percentage like 5% or a fraction like 0.05")
     return value
+
+
+def parse_accuracy_tolerance(text: str | None) -> dict:
+    """`top_1=0.3,map=1.0` (points) -> {metric: fraction}; a bare `0.3` applies to every metric not named."""
+    if text is None:
+        return {}
+    out = {}
+    for item in split_items(text, "--accuracy-tolerance"):
+        name, _, value = item.rpartition("=")
+        try:
+            points = float(value)
+        except ValueError:
+            points = -1.0
+        if not (0 <= points < 100) or ("=" in item and not name.replace("_", "").isalnum()):
+            raise UsageError(f"--accuracy-tolerance {text!r} is invalid at {item!r}; accepted: a comma list of "
+                             "METRIC=POINTS like top_1=0.3,map=1.0, or POINTS for every metric (0 <= POINTS < 100)")
+        out[name if "=" in item else EVERY_METRIC] = points / 100
+    return out
+
+
+def tolerance_of(tolerances: dict, metric: str) -> float:
+    return tolerances.get(metric, tolerances.get(EVERY_METRIC, DEFAULT_ACCURACY_TOLERANCE))
 
 
 def check_ignore(ignore) -> None:
@@ -78,27 +111,45 @@ class Comparison:
     missing: list = field(default_factory=list)     # configurations only in the baseline
     added: list = field(default_factory=list)       # configurations only in the new run
     notes: list = field(default_factory=list)       # machine / library differences, a run moving as a whole: stated first
+    accuracy_tolerance: dict = field(default_factory=dict)   # metric (or EVERY_METRIC) -> fraction; else the default
 
     @property
     def counts(self) -> dict:
         counts = {v: 0 for v in VERDICTS}
         for row in self.rows:
             counts[row["verdict"]] += 1
-        return {**counts, "missing": len(self.missing), "new": len(self.added)}
+        return {**counts, "missing": len(self.missing), "new": len(self.added),
+                "accuracy_regression": self.accuracy_counts["regression"]}
+
+    @property
+    def tolerances(self) -> dict:
+        """The accuracy tolerances in effect (fractions): `default` for every metric not named, then the named."""
+        named = dict(self.accuracy_tolerance)
+        return {"default": named.pop(EVERY_METRIC, DEFAULT_ACCURACY_TOLERANCE), **named}
+
+    @property
+    def accuracy_counts(self) -> dict:
+        """Accuracy verdicts, over the configurations whose both sides carry a common task metric."""
+        counts = {v: 0 for v in VERDICTS}
+        for row in self.rows:
+            if row.get("accuracy"):
+                counts[row["accuracy"]["verdict"]] += 1
+        return counts
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.counts["regression"] else 0
+        return 1 if self.counts["regression"] or self.counts["accuracy_regression"] else 0
 
 
 def compare(baseline: Run, new: Run, threshold: float = DEFAULT_THRESHOLD, confidence: float = 0.95,
-            ignore=(), run_noise: dict | None = None) -> Comparison:
+            ignore=(), run_noise: dict | None = None, accuracy_tolerance: dict | None = None) -> Comparison:
     """Match configurations and judge each one. `run_noise`: key -> (run-to-run sd of log medians, its
-    degrees of freedom), from the history."""
+    degrees of freedom), from the history. `accuracy_tolerance`: from parse_accuracy_tolerance."""
     check_ignore(ignore)
     if not 0.5 <= confidence < 1:
         raise UsageError(f"--confidence {confidence!r} is invalid; accepted: 0.5 to 0.999")
-    out = Comparison(baseline, new, threshold, confidence, tuple(ignore))
+    out = Comparison(baseline, new, threshold, confidence, tuple(ignore),
+                     accuracy_tolerance=dict(accuracy_tolerance or {}))
     out.notes = _differences(baseline, new, ignore)
     a, b = baseline.configurations(ignore), new.configurations(ignore)
     matched = sorted(a.keys() & b.keys(), key=str)
@@ -121,10 +172,14 @@ def compare(baseline: Run, new: Run, threshold: float = DEFAULT_THRESHOLD, confi
                 row["why"] += " (" + ", ".join(f"machine {name} {pct(r['change'])} x{r['slope']:.2f}"
                                                for name, r in m["readings"].items()) \
                     + f": raw change {pct(m['raw_change'])})"
+        row["accuracy"] = judge_accuracy(a[key]["record"], b[key]["record"], out.accuracy_tolerance)
         out.rows.append(row)
     together = _moved_together(out.rows, threshold)
     if together:
         out.notes.append(together)
+    unused = _unused_tolerances(out)
+    if unused:
+        out.notes.append(unused)
     out.missing = [_describe(k, a[k]["record"]) for k in sorted(a.keys() - b.keys(), key=str)]
     out.added = [_describe(k, b[k]["record"]) for k in sorted(b.keys() - a.keys(), key=str)]
     return out
@@ -168,6 +223,16 @@ def _moved_together(rows: list[dict], threshold: float) -> str | None:
     return (f"The configurations moved together: {same_way} of {len(changes)} {'slower' if median > 0 else 'faster'}, "
             f"median {pct(median)} ({by}). A machine that moved between the runs looks like this as much as a "
             f"build that did: rerun the baseline's build on this machine before trusting these verdicts.")
+
+
+def _unused_tolerances(c: Comparison) -> str | None:
+    """A tolerance named for a metric no configuration carries on both sides is most likely a typo: said first."""
+    compared = {m for r in c.rows if r.get("accuracy") for m in r["accuracy"]["metrics"]}
+    unused = sorted(set(c.accuracy_tolerance) - compared - {EVERY_METRIC})
+    if not unused:
+        return None
+    return (f"--accuracy-tolerance names {', '.join(unused)}, which no configuration carries on both sides; "
+            f"metrics compared: {', '.join(sorted(compared)) or 'none'}.")
 
 
 def _describe(key: tuple, record: dict) -> dict:
@@ -214,6 +279,40 @@ def judge(key: tuple, base: dict, new: dict, threshold: float, confidence: float
         verdict["why"] += " (interval from the passes only: no repeats, history or other configurations to " \
                           "tell how much a run moves)"
     return {**row, **verdict}
+
+
+def judge_accuracy(base: Result, new: Result, tolerances: dict) -> dict | None:
+    """The accuracy verdict of one configuration, apart from its timing; None when the two records carry no
+    task metric in common.
+
+    A metric that fell by more than its tolerance is a regression, one that rose by more an improvement.
+    Metrics scored on different samples (the datasets' digests differ) say nothing about the build: suspicious.
+    """
+    ma, mb = ((r.accuracy or {}).get("metrics") or {} for r in (base, new))
+    common = [m for m in mb if m in ma and ma[m] is not None and mb[m] is not None]
+    if not common:
+        return None
+    # Rounded: 0.712 - 0.707 is 0.0050000000000000044 in floats, and a fall of exactly the tolerance is within it.
+    metrics = {m: {"baseline": ma[m], "new": mb[m], "change": round(mb[m] - ma[m], 9),
+                   "tolerance": tolerance_of(tolerances, m)} for m in common}
+    out = {"metrics": metrics, "samples": [(r.accuracy or {}).get("samples") for r in (base, new)]}
+    da, db = (((r.accuracy or {}).get("dataset") or {}).get("digest") for r in (base, new))
+    if da and db and da != db:
+        return {**out, "verdict": "suspicious",
+                "why": f"scored on different samples (dataset digest {da[:10]} vs {db[:10]}): not comparable"}
+    fell = [m for m, x in metrics.items() if x["change"] < -x["tolerance"]]
+    rose = [m for m, x in metrics.items() if x["change"] > x["tolerance"]]
+    judged = fell or rose
+    if not judged:
+        return {**out, "verdict": "unchanged", "why": "every metric within its tolerance"}
+    return {**out, "verdict": "regression" if fell else "improvement",
+            "why": "; ".join(f"{accuracy_line(m, metrics[m])}, beyond its tolerance of "
+                             f"{100 * metrics[m]['tolerance']:g} pt" for m in judged)}
+
+
+def accuracy_line(metric: str, x: dict) -> str:
+    """`top_1 71.2 -> 70.4 (-0.8 pt)`: a metric's change in points, as reports show it."""
+    return f"{metric} {100 * x['baseline']:.1f} -> {100 * x['new']:.1f} ({100 * x['change']:+.1f} pt)"
 
 
 def _verdict(ch: stats.Change, threshold: float, confident: bool, what: str) -> dict:

@@ -12,8 +12,9 @@ from . import regression
 
 
 def nightly(results, baseline: str | None = None, history_path=None, threshold: float = cmp.DEFAULT_THRESHOLD,
-            out_dir=None) -> tuple[int, dict]:
-    """Returns (exit code: 1 on any regression, else 0; {format: path written} plus what happened)."""
+            out_dir=None, accuracy_tolerance: dict | None = None) -> tuple[int, dict]:
+    """Returns (exit code: 1 on any regression, of timing or of accuracy, else 0; {format: path written} plus
+    what happened). `accuracy_tolerance`: as compare's (cmp.parse_accuracy_tolerance; default 0.5 points)."""
     new = load_run(results)
     out = Path(out_dir) if out_dir else Path(results) / "regression"
     out.mkdir(parents=True, exist_ok=True)
@@ -34,7 +35,7 @@ def nightly(results, baseline: str | None = None, history_path=None, threshold: 
             return 0, {**info, "md": out / "regression.md", "text": text}
         keys = new.configurations().keys()
         noise = h.run_noise(machine, keys, before=run_id)
-    comparison = cmp.compare(base, new, threshold, run_noise=noise)
+    comparison = cmp.compare(base, new, threshold, run_noise=noise, accuracy_tolerance=accuracy_tolerance)
     written = {}
     for fmt in regression.FORMATS:
         written[fmt] = out / f"regression.{fmt}"

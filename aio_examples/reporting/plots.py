@@ -85,6 +85,25 @@ def plot_model(df, model: str, folder: Path) -> dict:
     return plots
 
 
+def plot_accuracy(rows, metric: str, title: str, path: Path) -> Path:
+    """A task metric (points) against the speedup over eager fp32, a point per backend x precision, the Pareto
+    front (the `pareto` column) joined: what each step up in speed costs in accuracy."""
+    fig, ax = figure(8.0, 4.5)
+    front = rows[rows.pareto].sort_values("speedup_vs_eager_fp32")
+    ax.plot(front.speedup_vs_eager_fp32, front[metric], color="tab:red", linewidth=1, zorder=1, label="Pareto front")
+    ax.scatter(rows.speedup_vs_eager_fp32, rows[metric], zorder=2,
+               c=["tab:red" if p else "tab:blue" for p in rows.pareto])
+    for row in rows.itertuples():
+        ax.annotate(f"{row.backend}/{row.precision}", (row.speedup_vs_eager_fp32, getattr(row, metric)),
+                    textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_xlabel("speedup over eager fp32 (eager = 1.0)")
+    ax.set_ylabel(f"{metric} (points)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    return save(fig, path)
+
+
 def plot_instances(df, path: Path) -> Path | None:
     """Aggregate throughput per instance layout (N instances x T threads), per model and backend."""
     ok = df[(df.status == "ok")]

@@ -6,7 +6,7 @@ import math
 from collections import Counter
 from datetime import UTC, datetime
 
-from ..analysis.compare import VERDICTS, Comparison, pct
+from ..analysis.compare import Comparison, accuracy_line, pct
 from ..core.errors import UsageError
 from ..core.records import strict
 from .page import STYLE
@@ -31,12 +31,46 @@ def _table_rows(rows: list[dict]) -> list[dict]:
     return shown
 
 
+def _accuracy_rows(rows: list[dict]) -> list[dict]:
+    return [{"model": r["model"], "backend": r["backend"], "precision": r["precision"], "batch": r["batch_size"],
+             "threads": r["threads"], "inst": r["instances"], "dataset": r["dataset"],
+             "samples": " -> ".join(str(n) for n in r["accuracy"]["samples"]),
+             "metrics": "; ".join(accuracy_line(m, x) for m, x in r["accuracy"]["metrics"].items()),
+             "verdict": r["accuracy"]["verdict"], "why": r["accuracy"]["why"]} for r in rows]
+
+
+SECTIONS = (("regression", "Regressions"), ("suspicious", "Suspicious"), ("improvement", "Improvements"),
+            ("unchanged", "Unchanged"))
+
+
+def _sections(c: Comparison):
+    """(prefix, verdict, title, table rows): the timing verdicts, then the accuracy verdicts (judged apart)."""
+    for prefix, verdict_of, table in (("", lambda r: r["verdict"], _table_rows),
+                                      ("accuracy ", lambda r: (r.get("accuracy") or {}).get("verdict"), _accuracy_rows)):
+        for verdict, title in SECTIONS:
+            rows = [r for r in c.rows if verdict_of(r) == verdict]
+            if rows:
+                yield prefix, verdict, (prefix + title.lower()).capitalize(), table(rows)
+
+
+def accuracy_summary(c: Comparison) -> str:
+    """The accuracy verdicts and tolerances in one clause; empty when no configuration was judged on accuracy."""
+    n = c.accuracy_counts
+    if not sum(n.values()):
+        return ""
+    tolerances = c.tolerances
+    named = ", ".join(f"{m} {100 * t:g}" for m, t in sorted(tolerances.items()) if m != "default")
+    return (f"; accuracy: {n['regression']} regression(s), {n['suspicious']} suspicious, "
+            f"{n['improvement']} improvement(s), {n['unchanged']} unchanged, tolerance "
+            f"{100 * tolerances['default']:g} pt" + (f" ({named} pt)" if named else ""))
+
+
 def summary_line(c: Comparison) -> str:
     n = c.counts
     return (f"{n['regression']} regression(s), {n['suspicious']} suspicious, {n['improvement']} improvement(s), "
             f"{n['unchanged']} unchanged, {n['missing']} missing, {n['new']} new; threshold {100 * c.threshold:g}%, "
             f"{100 * c.confidence:g}% intervals of the change (passes and between-run noise)"
-            + (f"; ignoring {', '.join(c.ignore)}" if c.ignore else ""))
+            + (f"; ignoring {', '.join(c.ignore)}" if c.ignore else "") + accuracy_summary(c))
 
 
 def noise_line(c: Comparison) -> str:
@@ -85,12 +119,8 @@ def to_markdown(c: Comparison) -> str:
     lines += [f"> **{note}**" for note in c.notes] + ([""] if c.notes else [])
     lines += [f"**{summary_line(c)}**", ""] + [x for line in (noise_line(c), machine_line(c)) if line
                                                 for x in (line, "")]
-    for verdict, title in (("regression", "Regressions"), ("suspicious", "Suspicious"),
-                           ("improvement", "Improvements"), ("unchanged", "Unchanged")):
-        rows = [r for r in c.rows if r["verdict"] == verdict]
-        if not rows:
-            continue
-        table = pd.DataFrame(_table_rows(rows)).to_markdown(index=False)
+    for _, verdict, title, rows in _sections(c):
+        table = pd.DataFrame(rows).to_markdown(index=False)
         if verdict == "unchanged":
             lines += [f"<details><summary>{title} ({len(rows)})</summary>", "", table, "", "</details>", ""]
         else:
@@ -113,11 +143,9 @@ def to_html(c: Comparison) -> str:
              f"<code>{esc(c.baseline.label)}</code>; generated {datetime.now(UTC).isoformat(timespec='seconds')}.</p>")]
     parts += [f"<p class='bad'><b>{esc(note)}</b></p>" for note in c.notes]
     parts.append(f"<p><b>{esc(summary_line(c))}</b></p><p>{esc(noise_line(c))}</p><p>{esc(machine_line(c))}</p>")
-    for verdict in VERDICTS:
-        rows = [r for r in c.rows if r["verdict"] == verdict]
-        if rows:
-            table = pd.DataFrame(_table_rows(rows)).to_html(index=False, escape=True)
-            parts.append(f"<h2 class='{verdict}'>{verdict} ({len(rows)})</h2>{table}")
+    for prefix, verdict, _, rows in _sections(c):
+        table = pd.DataFrame(rows).to_html(index=False, escape=True)
+        parts.append(f"<h2 class='{verdict}'>{prefix}{verdict} ({len(rows)})</h2>{table}")
     for items, title in ((c.missing, "Missing (baseline only)"), (c.added, "New (new run only)")):
         if items:
             parts.append(f"<h2>{title} ({len(items)})</h2>"
@@ -130,6 +158,7 @@ def to_json(c: Comparison) -> str:
     # JSON has no infinity: an interval that could not be computed is null, as in the records.
     return json.dumps(strict({
         "baseline": c.baseline.label, "new": c.new.label, "threshold": c.threshold, "confidence": c.confidence,
+        "accuracy_tolerance": c.tolerances,
         "ignore": list(c.ignore), "notes": c.notes, "counts": c.counts, "exit_code": c.exit_code,
         "configurations": c.rows, "missing": c.missing, "new_only": c.added,
     }), indent=1)

@@ -11,6 +11,11 @@ compares with the eager fp32 record of the same setting (model, task, batch, thr
 shape, scenario, dataset, machine). The suite view normalises every model to eager fp32 = 1.0 with the
 geometric mean over the models that ran; configurations measured while other processes held their cores
 (`contention`) are marked and left out of it unless asked.
+
+Records that scored a labelled dataset (`accuracy`) add, and only then, a column per task metric in points
+with its change against eager fp32 on the same samples, the table "accuracy and speed" and, per model, the
+accuracy of each backend x precision against its speedup with the Pareto front: what a faster configuration
+costs in accuracy is read off one chart.
 """
 
 import html
@@ -19,14 +24,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ..core import records as res
+from ..core.paths import safe_name
 from ..core.records import KEY_FIELDS, Result
 from .page import STYLE, img
-from .plots import plot_instances, plot_model, plot_suite
+from .plots import plot_accuracy, plot_instances, plot_model, plot_suite
 
 KEYS = ["model", "backend", "precision", "batch_size", "threads", "instances", "allocator", "shape"]
 COLUMNS = [*KEYS, "task", "scenario", "dataset", "status", "median_ms", "p90_ms", "p99_ms", "throughput", "unit",
            "speedup_vs_eager_fp32", "check", "strategy", "achieved_gflops", "peak_pct", "contention", "contended",
            "prepare_s", "measured_s", "machine", "host", "reason"]
+
+VS_EAGER = "_vs_eager_fp32"            # a metric's column of its change against eager fp32 (in points)
+# A configuration's setting: everything but backend and precision (ConfigKey.setting), as columns.
+SETTING = [f for f in KEY_FIELDS if f not in ("backend", "precision")]
 
 load_records = res.load_records        # the notebooks' name for it
 
@@ -70,7 +80,7 @@ def summary_frame(records, peaks: dict | None = None):
             "strategy": r.strategy, "achieved_gflops": achieved, "contention": busy, "contended": contended,
             "prepare_s": r.prepare_s, "measured_s": r.measured_s, "host": (r.env or {}).get("hostname") or "unknown",
             "reason": r.reason or "", "timestamp": r.timestamp, "own_speedup": r.speedup_vs_eager_fp32,
-            "setting": key.setting,
+            "setting": key.setting, "accuracy": r.accuracy,
         })
     if not rows:
         return pd.DataFrame(columns=COLUMNS)
@@ -86,7 +96,79 @@ def summary_frame(records, peaks: dict | None = None):
         100 * row["achieved_gflops"] / pk if row["achieved_gflops"] and (
             pk := (peaks.get(row["machine"]) or {}).get(row["precision"], {}).get(str(row["threads"] * row["instances"])))
         else None for _, row in df.iterrows()]
-    return df.sort_values(KEYS).reset_index(drop=True)[COLUMNS]
+    accuracy = _accuracy_columns(df.accuracy)
+    at = COLUMNS.index("speedup_vs_eager_fp32") + 1             # beside the speedup: what it costs
+    df = df.assign(**accuracy)
+    return df.sort_values(KEYS).reset_index(drop=True)[[*COLUMNS[:at], *accuracy, *COLUMNS[at:]]]
+
+
+def _accuracy_columns(blocks) -> dict:
+    """Each task metric in points and its change against eager fp32 in points, then the samples scored; no
+    column at all when no record scored a labelled dataset, so those reports keep their columns."""
+    blocks = [b or {} for b in blocks]
+    names = list(dict.fromkeys(m for b in blocks for m in b.get("metrics") or {}))
+
+    def points(part, name):
+        return [None if (v := (b.get(part) or {}).get(name)) is None else round(100 * v, 4) for b in blocks]
+
+    columns = {}
+    for name in names:
+        columns[name] = points("metrics", name)
+        columns[name + VS_EAGER] = points("delta_vs_eager_fp32", name)
+    if names:
+        columns["accuracy_samples"] = [b.get("samples") for b in blocks]
+    return columns
+
+
+def accuracy_metrics(df) -> list[str]:
+    """The task metrics with columns in a summary frame, in the order of the records."""
+    return [c[:-len(VS_EAGER)] for c in df.columns if c.endswith(VS_EAGER) and c != "speedup" + VS_EAGER]
+
+
+def primary_metrics(records) -> dict:
+    """model -> its first task metric, the one its accuracy chart plots."""
+    return {r.model: next(iter(r.accuracy["metrics"])) for r in map(_as_result, records)
+            if r.accuracy and r.accuracy.get("metrics")}
+
+
+def pareto_front(points) -> list[int]:
+    """Indices of the (speedup, metric) points no other point dominates (at least as fast and as accurate, and
+    better in one), in the order given: for any configuration off the front another is as good or better on both."""
+    return [i for i, (x, y) in enumerate(points)
+            if not any(u >= x and v >= y and (u > x or v > y) for u, v in points)]
+
+
+def accuracy_frame(df, primary: dict):
+    """One row per configuration with task metrics, and whether it is on the Pareto front of speedup against
+    its model's primary metric among the configurations of its setting that ran ok."""
+    metrics = accuracy_metrics(df)
+    rows = df[df[metrics].notna().any(axis=1)] if metrics else df.iloc[:0]
+    rows = rows.assign(pareto=False)
+    for _, g in rows[rows.status == "ok"].groupby(SETTING, dropna=False):
+        metric = primary.get(g.model.iloc[0])
+        g = g.dropna(subset=["speedup_vs_eager_fp32", metric])
+        front = pareto_front(list(zip(g.speedup_vs_eager_fp32, g[metric])))
+        rows.loc[g.index[front], "pareto"] = True
+    return rows.sort_values(["model", "speedup_vs_eager_fp32"], ascending=[True, False], na_position="last")
+
+
+def accuracy_plots(acc, model: str, metric: str, folder: Path) -> dict:
+    """{name: path} of the model's accuracy-vs-speedup charts (one per input shape and dataset it scored), at
+    the setting the suite view would pick among its configurations with metrics (batch 1, the most threads)."""
+    setting = suite_setting(acc[(acc.model == model) & (acc.status == "ok")])
+    if setting is None:
+        return {}
+    sel = at_setting(acc[acc.model == model], setting).dropna(subset=["speedup_vs_eager_fp32", metric])
+    groups = sel.groupby(["shape", "dataset"])
+    plots = {}
+    for (shape, dataset), g in groups:
+        several = groups.ngroups > 1
+        title = (f"{model}{' ' + shape if shape else ''}: {metric} vs speedup over eager fp32, "
+                 f"batch {setting['batch_size']}, {setting['threads']} thread(s)")
+        path = folder / safe_name(f"{model}-accuracy" + (f"-{shape}-{dataset}" if several else "") + ".png")
+        plots[f"{metric} vs speedup" + (f" ({shape} {dataset})" if several else "")] = plot_accuracy(
+            g, metric, title, path)
+    return plots
 
 
 def _this_machines_peaks() -> dict:
@@ -123,6 +205,13 @@ def suite_setting(df) -> dict | None:
     return {"batch_size": batch, "threads": threads, "machine": machine, "host": host}
 
 
+def at_setting(df, setting: dict):
+    """The rows at a suite setting (suite_setting): its batch, threads and machine, one instance, the default
+    allocator, the latency scenario."""
+    return df[(df.batch_size == setting["batch_size"]) & (df.threads == setting["threads"]) & (df.instances == 1)
+              & (df.allocator == "default") & (df.scenario == "latency") & (df.machine == setting["machine"])]
+
+
 def suite_frame(df, include_contended: bool = False):
     """Speedup vs eager fp32 per model x (backend, precision) at the suite setting, plus the geomean row.
     A model measured at several input shapes has a row per shape."""
@@ -131,8 +220,7 @@ def suite_frame(df, include_contended: bool = False):
     setting = suite_setting(df)
     if setting is None:
         return pd.DataFrame(), None
-    sel = df[(df.batch_size == setting["batch_size"]) & (df.threads == setting["threads"]) & (df.instances == 1)
-             & (df.allocator == "default") & (df.scenario == "latency") & (df.machine == setting["machine"])]
+    sel = at_setting(df, setting)
     if not include_contended:
         sel = sel[~sel.contended.astype(bool)]
     shapes = sel.groupby("model").shape.nunique()
@@ -165,13 +253,30 @@ def _fmt_frame(df):
     shown["speedup_vs_eager_fp32"] = shown["speedup_vs_eager_fp32"].map(lambda v: "" if pd.isna(v) else f"{v:.2f}x")
     shown["contention"] = shown["contention"].map(lambda v: "" if pd.isna(v) else f"{v:.2f} cores")
     shown["peak_pct"] = shown["peak_pct"].map(lambda v: "" if pd.isna(v) else f"{v:.1f}%")
+    for name in accuracy_metrics(df):                  # points, one decimal; the change signed
+        shown[name] = shown[name].map(lambda v: "" if pd.isna(v) else f"{v:.1f}")
+        shown[name + VS_EAGER] = shown[name + VS_EAGER].map(lambda v: "" if pd.isna(v) else f"{v:+.1f}")
+    if "accuracy_samples" in shown:
+        shown["accuracy_samples"] = shown["accuracy_samples"].map(lambda v: "" if pd.isna(v) else f"{v:.0f}")
     return shown
+
+
+def _accuracy_table(acc) -> str:
+    """The table "accuracy and speed": one row per configuration with task metrics (HTML)."""
+    metrics = [m for m in accuracy_metrics(acc) if acc[m].notna().any()]
+    columns = ["model", "backend", "precision", "batch_size", "threads", "shape", "status",
+               *(c for m in metrics for c in (m, m + VS_EAGER)), "speedup_vs_eager_fp32", "pareto", "accuracy_samples"]
+    shown = _fmt_frame(acc)[columns].assign(pareto=["yes" if p else "" for p in acc.pareto])
+    return shown.rename(columns={m + VS_EAGER: f"{m} vs eager fp32 (pt)" for m in metrics}
+                        | {"pareto": "Pareto front", "accuracy_samples": "samples"}).to_html(index=False)
 
 
 def write_summary(df, out: Path) -> dict:
     csv, md = out / "summary.csv", out / "summary.md"
     df.to_csv(csv, index=False)
-    md.write_text(_fmt_frame(df).drop(columns=["machine", "contended"]).to_markdown(index=False) + "\n")
+    # tabulate would reparse "71.0" as 71 and "+0.0" as 0: points keep their one decimal as formatted.
+    md.write_text(_fmt_frame(df).drop(columns=["machine", "contended"])
+                  .to_markdown(index=False, disable_numparse=bool(accuracy_metrics(df))) + "\n")
     return {"csv": csv, "md": md}
 
 
@@ -187,7 +292,8 @@ def _environments(records: list[Result]) -> list[dict]:
              "git": (e.get("git_commit") or "")[:10]} for m, e in seen.items()]
 
 
-def write_html(records, df, suite, setting, plots: dict, out: Path) -> Path:
+def write_html(records, df, suite, setting, plots: dict, out: Path, acc=None) -> Path:
+    """`acc`: the accuracy frame (accuracy_frame); its section only when it has rows."""
     import pandas as pd
 
     parts = [(f"<!doctype html><html><head><meta charset='utf-8'><title>aio-examples report</title>"
@@ -212,13 +318,22 @@ def write_html(records, df, suite, setting, plots: dict, out: Path) -> Path:
                      "<code>--include-contended</code> shows them.</p>")
     else:
         parts.append("<p>No eager fp32 reference and single-instance results to compare against.</p>")
+    if acc is not None and not acc.empty:
+        parts.append("<h2 id='accuracy'>Accuracy and speed</h2>")
+        parts.append("<p>Task metrics on a labelled dataset, in points, and their change against eager fp32 on the "
+                     "same samples; the speedup over eager fp32 for configurations that ran ok. On the Pareto front: no "
+                     "other configuration of the same setting is at least as fast and as accurate (in its model's "
+                     "first metric) and better in one; each model's chart under Per model plots them.</p>")
+        parts.append(_accuracy_table(acc))
     parts.append("<h2 id='models'>Per model</h2>")
     shown_all = _fmt_frame(df)
+    scored = [c for m in accuracy_metrics(df) for c in (m, m + VS_EAGER)] + ["accuracy_samples"] * ("accuracy_samples" in df)
     for model in sorted(df.model.unique()):
         parts.append(f"<h3>{html.escape(model)}</h3>")
         for name, path in (plots.get("models", {}).get(model) or {}).items():
             parts.append(img(path, f"{model}: {name}"))
         rows = shown_all[shown_all.model == model].drop(columns=["model", "task", "machine"])
+        rows = rows.drop(columns=[c for c in scored if (rows[c] == "").all()])       # other models' metrics
         parts.append(rows.to_html(index=False, classes="results"))
     if plots.get("instances"):
         parts.append("<h2 id='instances'>Multi-instance scaling</h2>")
@@ -251,9 +366,13 @@ def build_report(paths, out_dir, include_contended: bool = False) -> dict:
     df = summary_frame(records)
     written = write_summary(df, out)
     suite, setting = suite_frame(df, include_contended)
+    primary = primary_metrics(records)
+    acc = accuracy_frame(df, primary)
     plots = {"suite": plot_suite(suite, setting, plot_dir / "suite-speedup.png"),
-             "models": {m: plot_model(df, m, plot_dir) for m in sorted(df.model.unique())},
+             "models": {m: {**plot_model(df, m, plot_dir),
+                            **(accuracy_plots(acc, m, primary[m], plot_dir) if m in primary else {})}
+                        for m in sorted(df.model.unique())},
              "instances": plot_instances(df, plot_dir / "instances.png")}
-    written["html"] = write_html(records, df, suite, setting, plots, out)
+    written["html"] = write_html(records, df, suite, setting, plots, out, acc)
     written["records"] = len(records)
     return written

@@ -273,6 +273,77 @@ def test_bad_options_are_refused():
         cmp.compare(Run("a", []), Run("b", []), ignore=("model",))
 
 
+def scored(r, top_1, top_5=0.905, digest="3fa1c0"):
+    """`r` with the accuracy block of an ImageNet evaluation of 1000 samples."""
+    r.dataset = "imagenet"
+    r.accuracy = {"metrics": {"top_1": top_1, "top_5": top_5}, "samples": 1000,
+                  "dataset": {"kind": "imagenet", "path": "/data/imagenet/val", "digest": digest},
+                  "predictions": None, "reference": None, "delta_vs_eager_fp32": None}
+    return r
+
+
+def accuracy_of(base_top_1, new_top_1, samples, **kw):
+    """Compare two records with the same passes (timing unchanged) whose top_1 differs."""
+    c = cmp.compare(Run("a", [scored(record(samples), base_top_1).to_dict()]),
+                    Run("b", [scored(record(samples), new_top_1).to_dict()]), **kw)
+    return c, c.rows[0]
+
+
+def test_an_accuracy_drop_beyond_its_tolerance_is_a_regression_of_its_own():
+    samples = noisy(np.random.default_rng(21))
+    c, row = accuracy_of(0.712, 0.704, samples)
+    assert row["verdict"] == "unchanged" and row["accuracy"]["verdict"] == "regression"
+    assert row["accuracy"]["why"] == "top_1 71.2 -> 70.4 (-0.8 pt), beyond its tolerance of 0.5 pt"
+    assert c.counts["accuracy_regression"] == 1 and c.exit_code == 1
+    assert "1 regression(s)" in regression.summary_line(c).split("accuracy:")[1]
+    md = regression.to_markdown(c)
+    assert "### Accuracy regressions (1)" in md and "top_1 71.2 -> 70.4 (-0.8 pt); top_5 90.5 -> 90.5 (+0.0 pt)" in md
+    assert "<h2 class='regression'>accuracy regression (1)</h2>" in regression.to_html(c)
+    assert json.loads(regression.to_json(c))["configurations"][0]["accuracy"]["metrics"]["top_1"]["change"] == -0.008
+    c, row = accuracy_of(0.712, 0.709, samples)                  # 0.3 points: within the default 0.5
+    assert row["accuracy"]["verdict"] == "unchanged" and c.exit_code == 0
+    c, row = accuracy_of(0.712, 0.707, samples)                  # exactly the tolerance: within it
+    assert row["accuracy"]["verdict"] == "unchanged"
+    c, row = accuracy_of(0.704, 0.712, samples)
+    assert row["accuracy"]["verdict"] == "improvement" and c.exit_code == 0
+
+
+def test_accuracy_tolerance_per_metric_and_for_every_metric():
+    samples = noisy(np.random.default_rng(22))
+    c, row = accuracy_of(0.712, 0.704, samples, accuracy_tolerance=cmp.parse_accuracy_tolerance("top_1=1.0"))
+    assert row["accuracy"]["verdict"] == "unchanged" and c.exit_code == 0
+    assert "tolerance 0.5 pt (top_1 1 pt)" in regression.summary_line(c)
+    c, row = accuracy_of(0.712, 0.708, samples, accuracy_tolerance=cmp.parse_accuracy_tolerance("top_1=0.3"))
+    assert row["accuracy"]["verdict"] == "regression" and "tolerance of 0.3 pt" in row["accuracy"]["why"]
+    c, row = accuracy_of(0.712, 0.708, samples, accuracy_tolerance=cmp.parse_accuracy_tolerance("0.2,top_5=2"))
+    assert row["accuracy"]["verdict"] == "regression" and c.tolerances == {"default": 0.002, "top_5": 0.02}
+    # A tolerance for a metric no configuration carries is a typo until shown otherwise: said at the top.
+    c, _ = accuracy_of(0.712, 0.712, samples, accuracy_tolerance=cmp.parse_accuracy_tolerance("top1=0.3"))
+    assert any("names top1, which no configuration carries" in n for n in c.notes)
+
+
+def test_bad_accuracy_tolerances_are_refused_naming_the_value():
+    assert cmp.parse_accuracy_tolerance(None) == {}
+    assert cmp.parse_accuracy_tolerance("top_1=0.3, map=1") == {"top_1": 0.003, "map": 0.01}
+    for bad in ("top_1=lots", "top_1=-1", "top_1=100", "=0.3", "top 1=0.3", "top_1=nan", "top_1", "top_1=0.3,,"):
+        with pytest.raises(UsageError, match="--accuracy-tolerance .*accepted: a comma list of METRIC=POINTS"
+                           if ",," not in bad else "empty item"):
+            cmp.parse_accuracy_tolerance(bad)
+
+
+def test_accuracy_on_different_samples_or_a_status_change():
+    samples = noisy(np.random.default_rng(23))
+    base = scored(record(samples), 0.712)
+    row = verdict_of(base, scored(record(samples), 0.650, digest="9b2e77"))
+    assert row["accuracy"]["verdict"] == "suspicious" and "different samples" in row["accuracy"]["why"]
+    # ok -> fail_accuracy: a regression by its status, as any status change from ok, and by its metrics.
+    failed = scored(record(status="fail_accuracy"), 0.690)
+    row = verdict_of(base, failed)
+    assert row["verdict"] == "regression" and "ok -> fail_accuracy" in row["why"]
+    assert row["accuracy"]["verdict"] == "regression"
+    assert verdict_of(record(samples), record(samples))["accuracy"] is None        # synthetic: nothing to judge
+
+
 # ---------------------------------------------------------------- the command line
 
 def test_compare_cli_formats_and_exit_codes(tmp_path):
@@ -293,6 +364,20 @@ def test_compare_cli_formats_and_exit_codes(tmp_path):
     out = tmp_path / "cmp.html"
     proc = run_cli(["-m", "aio_examples", "compare", str(base), str(slow), "--format", "html", "--output", str(out)])
     assert proc.returncode == 1 and "<h2 class='regression'>regression (1)</h2>" in out.read_text()
+
+
+def test_compare_cli_accuracy_regression_exit_code_and_tolerance(tmp_path):
+    samples = noisy(np.random.default_rng(24))
+    base = write(tmp_path / "base", scored(record(samples), 0.712))
+    worse = write(tmp_path / "worse", scored(record(samples), 0.704))
+    proc = run_cli(["-m", "aio_examples", "compare", str(base), str(worse)])
+    assert proc.returncode == 1, proc.stderr
+    assert "### Accuracy regressions (1)" in proc.stdout and "top_1 71.2 -> 70.4 (-0.8 pt)" in proc.stdout
+    proc = run_cli(["-m", "aio_examples", "compare", str(base), str(worse), "--accuracy-tolerance", "top_1=1.0"])
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cli(["-m", "aio_examples", "compare", str(base), str(worse), "--accuracy-tolerance", "top_1=lots"])
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert "'top_1=lots'" in proc.stderr and "accepted: a comma list of METRIC=POINTS" in proc.stderr
 
 
 def test_compare_cli_bad_input_names_file_and_line(tmp_path):
@@ -407,6 +492,17 @@ def test_nightly_baseline_is_the_latest_earlier_run_on_this_machine(tmp_path):
     assert "### Regressions (1)" in info["md"].read_text()
     code, info = nightly(tmp_path / "n3", baseline=str(tmp_path / "n2"), history_path=db)
     assert code == 1 and info["stored"] is False
+
+
+def test_nightly_fails_on_an_accuracy_regression(tmp_path):
+    samples = noisy(np.random.default_rng(25))
+    db = tmp_path / "h.sqlite"
+    night = {name: write(tmp_path / name, scored(record(samples, timestamp=f"2026-11-{day}T01:00:00+00:00"), top_1))
+             for name, day, top_1 in (("n1", 18, 0.712), ("n2", 19, 0.704))}
+    assert nightly(night["n1"], history_path=db)[0] == 0
+    code, info = nightly(night["n2"], history_path=db)
+    assert code == 1 and "accuracy: 1 regression(s)" in info["summary"]
+    assert json.loads(info["json"].read_text())["counts"]["accuracy_regression"] == 1
 
 
 # ---------------------------------------------------------------- real runs

@@ -1,13 +1,21 @@
 """Reports: the summary arithmetic on fixed records, and a real report from a real small sweep."""
 
 import math
+import re
 
 import pandas as pd
 import pytest
 from conftest import run_cli
 
 from aio_examples.core import records as res
-from aio_examples.reporting.report import build_report, geomean_speedups, suite_frame, summary_frame
+from aio_examples.reporting.report import (
+    COLUMNS,
+    build_report,
+    geomean_speedups,
+    pareto_front,
+    suite_frame,
+    summary_frame,
+)
 
 BOX = {"hostname": "box", "allocator": "default", "cpu_model": "Test CPU", "arch": "x86_64", "logical_cpus": 2}
 BOX_ID = res.machine_fingerprint(BOX)
@@ -149,3 +157,76 @@ def test_peak_is_measured_per_precision_and_threads_and_gives_every_counted_reco
     df = pd.read_csv(build_report([out_sweep], tmp_path / "report")["csv"])
     assert df.peak_pct.notna().all() and ((df.peak_pct > 0) & (df.peak_pct < 100)).all()
     assert "peak_pct" in (tmp_path / "report" / "report.html").read_text()
+
+
+# ---------------------------------------------------------------- accuracy
+
+def scored(model, backend, precision, median, top_1, top_5, status="ok"):
+    """A record that scored ImageNet: eager fp32's metrics 71.5 / 90.5 are the reference on the same samples."""
+    r = record(model, backend, median, status=status, precision=precision, dataset="imagenet")
+    r["accuracy"] = {"metrics": {"top_1": top_1, "top_5": top_5}, "samples": 1000,
+                     "dataset": {"kind": "imagenet", "path": "/data/imagenet/val", "digest": "3fa1c0"},
+                     "predictions": None, "reference": {"top_1": 0.715, "top_5": 0.905},
+                     "delta_vs_eager_fp32": {"top_1": round(top_1 - 0.715, 6), "top_5": round(top_5 - 0.905, 6)}}
+    return r
+
+
+def write_records(folder, rows):
+    folder.mkdir()
+    for row in rows:
+        res.append(folder, res.Result.from_dict(row))
+    return folder
+
+
+def html_rows(table: str) -> list[dict]:
+    """The rows of a pandas HTML table as {header: cell text}."""
+    rows = [re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", tr, re.DOTALL)
+            for tr in re.findall(r"<tr[^>]*>(.*?)</tr>", table, re.DOTALL)]
+    return [dict(zip(rows[0], (c.strip() for c in row), strict=True)) for row in rows[1:]]
+
+
+def test_the_pareto_front_keeps_the_points_nothing_beats_on_both_speed_and_accuracy():
+    points = [(1.0, 71.5), (2.4, 71.2), (2.0, 70.0), (3.0, 60.0), (2.4, 71.2), (2.4, 70.9), (0.8, 71.5)]
+    # (2.0, 70.0) and (2.4, 70.9) have a faster and more accurate point; (0.8, 71.5) one as accurate and faster;
+    # two equal points dominate neither.
+    assert pareto_front(points) == [0, 1, 3, 4]
+    assert pareto_front([]) == [] and pareto_front([(1.0, 0.5)]) == [0]
+
+
+def test_a_report_of_scored_records_has_accuracy_columns_table_and_chart(tmp_path):
+    rows = [scored("resnet", "eager", "fp32", 10.0, 0.715, 0.905),
+            scored("resnet", "openvino", "int8", 10.0 / 2.4, 0.712, 0.903),
+            scored("resnet", "onnxruntime", "fp32", 8.0, 0.715, 0.905),
+            scored("resnet", "aio", "bf16", 5.0, 0.709, 0.9),               # slower than int8 and less accurate
+            scored("resnet", "inductor", "int8", 2.0, 0.64, 0.85, status="fail_accuracy"),
+            record("other", "eager", 20.0)]                                 # synthetic inputs: no metrics
+    written = build_report([write_records(tmp_path / "run", rows)], tmp_path / "report")
+    csv = pd.read_csv(written["csv"]).set_index(["model", "backend"])
+    assert list(csv.columns[list(csv.columns).index("speedup_vs_eager_fp32") + 1:][:5]) == \
+        ["top_1", "top_1_vs_eager_fp32", "top_5", "top_5_vs_eager_fp32", "accuracy_samples"]
+    int8 = csv.loc[("resnet", "openvino")]
+    assert (int8.top_1, int8.top_1_vs_eager_fp32, int8.top_5) == (71.2, -0.3, 90.3)
+    assert int8.speedup_vs_eager_fp32 == pytest.approx(2.4) and pd.isna(csv.loc[("other", "eager")].top_1)
+    page = written["html"].read_text()
+    table = page.split("id='accuracy'>Accuracy and speed</h2>")[1].split("<h2")[0]
+    assert {row["model"] for row in html_rows(table)} == {"resnet"}             # "other" scored nothing
+    cells = {row["backend"]: row for row in html_rows(table)}
+    assert cells["openvino"]["top_1"] == "71.2" and cells["openvino"]["top_1 vs eager fp32 (pt)"] == "-0.3"
+    assert cells["openvino"]["speedup_vs_eager_fp32"] == "2.40x" and cells["openvino"]["samples"] == "1000"
+    # onnxruntime fp32 is as accurate as eager and faster: eager is off the front; fail_accuracy never on it.
+    assert {b: row["Pareto front"] for b, row in cells.items()} == {"openvino": "yes", "aio": "", "onnxruntime": "yes",
+                                                                    "eager": "", "inductor": ""}
+    assert cells["inductor"]["status"] == "fail_accuracy" and cells["inductor"]["speedup_vs_eager_fp32"] == ""
+    assert list(cells) == ["openvino", "aio", "onnxruntime", "eager", "inductor"]     # fastest first
+    chart = tmp_path / "report" / "plots" / "resnet-accuracy.png"
+    assert chart.stat().st_size > 1000 and 'alt="resnet: top_1 vs speedup"' in page
+    md = (tmp_path / "report" / "summary.md").read_text()
+    assert "| 71.2 " in md and "| -0.3 " in md and "| +0.0 " in md                 # one decimal, signed changes
+
+
+def test_without_scored_records_the_report_has_no_accuracy_columns_section_or_chart(tmp_path):
+    assert list(summary_frame(FIXED, peaks={}).columns) == COLUMNS
+    written = build_report([write_records(tmp_path / "run", FIXED)], tmp_path / "report")
+    assert list(pd.read_csv(written["csv"]).columns) == COLUMNS
+    assert "id='accuracy'" not in written["html"].read_text()
+    assert not list((tmp_path / "report" / "plots").glob("*accuracy*"))
