@@ -103,7 +103,13 @@ def main() -> int:
            "--output", str(out / "results")]
     subprocess.run(run, check=True)
     report = [sys.executable, "-m", "aio_examples", "report", str(out / "results"), "--output", str(out / "report")]
-    return subprocess.run(report, check=False).returncode
+    subprocess.run(report, check=True)
+    import pandas as pd
+
+    table = pd.read_csv(out / "report" / "summary.csv")
+    columns = ["backend", "precision", "status", "top_1", "top_1_vs_eager_fp32", "speedup_vs_eager_fp32", "median_ms"]
+    print(table[columns].sort_values(["precision", "backend"]).to_markdown(index=False, floatfmt=".2f"))
+    return 0
 
 
 if __name__ == "__main__":
