@@ -131,6 +131,15 @@ class LabelledDataset(Dataset):
         return [batches[i % len(batches)] for i in range(n)]
 
 
+def tokenizer_of(dataset: Dataset, module):
+    """The model folder's tokenizer, which a text dataset needs (the runner refuses one without a folder)."""
+    tokenizer = getattr(module, "tokenizer", None)
+    if tokenizer is None:
+        raise UsageError(f"dataset {dataset.name!r} needs a tokenizer; accepted: --model-dir with a folder "
+                         "holding the model's tokenizer")
+    return tokenizer
+
+
 def read_text(path: Path, what: str) -> str:
     """A dataset file's text, or one line saying why it cannot be read."""
     try:

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..core.errors import UsageError
 from . import metrics
-from .base import Evaluation, LabelledDataset, read_text
+from .base import Evaluation, LabelledDataset, read_text, tokenizer_of
 
 TEXT_COLUMNS = (("sentence1", "sentence2"), ("question1", "question2"), ("question", "sentence"),
                 ("premise", "hypothesis"), ("sentence",))
@@ -63,10 +63,7 @@ class Glue(LabelledDataset):
         return [line, list(texts), label]
 
     def _inputs(self, spec, shape, module, samples):
-        tokenizer = getattr(module, "tokenizer", None)
-        if tokenizer is None:
-            raise UsageError(f"dataset {self.name!r} needs a tokenizer; accepted: --model-dir with a folder "
-                             "holding the model's tokenizer")
+        tokenizer = tokenizer_of(self, module)
         texts = [s[2] for s in samples]
         pairs = [t[1] for t in texts] if len(texts[0]) == 2 else None
         enc = tokenizer([t[0] for t in texts], pairs, truncation=True, padding="max_length",

@@ -10,7 +10,7 @@ target is that token's id. Predictions list each sample's line number, the sente
 import numpy as np
 
 from ..core.errors import UsageError
-from . import metrics
+from . import base, metrics
 from .base import Evaluation, LabelledDataset, read_text
 
 FORMAT = "a UTF-8 text file, one sentence per non-empty line"
@@ -34,7 +34,7 @@ class MaskedText(LabelledDataset):
         return list(sample)
 
     def _inputs(self, spec, shape, module, samples):
-        tokenizer = tokenizer_of(self, module)
+        tokenizer = mask_tokenizer(self, module)
         enc = tokenizer([text for _, text in samples], truncation=True, padding="max_length",
                         max_length=shape["seq_len"], return_special_tokens_mask=True, return_tensors="pt")
         ids = enc["input_ids"]
@@ -56,15 +56,12 @@ class MaskedText(LabelledDataset):
         return (sample[0], *self._masks[sample[0]])
 
     def evaluation(self, spec, module):
-        return MaskedTopK(tokenizer_of(self, module))
+        return MaskedTopK(mask_tokenizer(self, module))
 
 
-def tokenizer_of(dataset, module):
+def mask_tokenizer(dataset, module):
     """The model folder's tokenizer, which must have a mask token."""
-    tokenizer = getattr(module, "tokenizer", None)
-    if tokenizer is None:
-        raise UsageError(f"dataset {dataset.name!r} needs a tokenizer; accepted: --model-dir with a folder "
-                         "holding the model's tokenizer")
+    tokenizer = base.tokenizer_of(dataset, module)
     if tokenizer.mask_token_id is None:
         raise UsageError(f"dataset {dataset.name!r} needs a tokenizer with a mask token; accepted: --model-dir "
                          "with a masked language model's folder")

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..core.errors import UsageError
 from . import metrics
-from .base import Evaluation, LabelledDataset, read_json
+from .base import Evaluation, LabelledDataset, read_json, tokenizer_of
 
 FORMAT = ("a SQuAD v1.1 JSON file: {'data': [{'paragraphs': [{'context', 'qas': [{'id', 'question', "
           "'answers': [{'text', 'answer_start'}]}]}]}]}")
@@ -74,10 +74,7 @@ class Squad(LabelledDataset):
         return [sample.qid, sample.question, list(sample.answers)]
 
     def _inputs(self, spec, shape, module, samples):
-        tokenizer = getattr(module, "tokenizer", None)
-        if tokenizer is None:
-            raise UsageError(f"dataset {self.name!r} needs a tokenizer; accepted: --model-dir with a folder "
-                             "holding the model's tokenizer")
+        tokenizer = tokenizer_of(self, module)
         if not getattr(tokenizer, "is_fast", False):
             raise UsageError(f"dataset {self.name!r} needs a fast tokenizer (for character offsets); accepted: "
                              "--model-dir with a folder holding tokenizer.json")
