@@ -345,10 +345,11 @@ def do_history(args) -> int:
 
 
 def do_nightly(args) -> int:
-    from ..analysis.compare import parse_threshold
+    from ..analysis.compare import parse_accuracy_tolerance, parse_threshold
     from ..reporting.nightly import nightly
 
-    code, info = nightly(args.results, args.baseline, args.history, parse_threshold(args.threshold), args.output)
+    code, info = nightly(args.results, args.baseline, args.history, parse_threshold(args.threshold), args.output,
+                         accuracy_tolerance=parse_accuracy_tolerance(args.accuracy_tolerance))
     print(f"stored as history:{info['run_id']} in {info['history']}" + ("" if info["stored"] else " (already there)"))
     if info["baseline"] is None:
         print(info["text"], end="")

@@ -6,6 +6,8 @@ from ..core.errors import UsageError
 from ..drivers.worker import add_run_arguments, positive, split_items
 
 PROG = "aio-examples"
+ACCURACY_TOLERANCE_HELP = ("largest fall of a task metric that is not a regression, in points: METRIC=POINTS comma "
+                           "list like top_1=0.3,map=1.0, or POINTS for every metric (default 0.5)")
 
 
 class Parser(argparse.ArgumentParser):
@@ -110,9 +112,7 @@ def _add_analysis(sub) -> None:
     cp.add_argument("new", help="results folder or file, or history:ID / history:latest")
     cp.add_argument("--threshold", default="5%", help="smallest change that matters (default 5%%)")
     cp.add_argument("--confidence", type=float, default=0.95, help="level of the intervals (default 0.95)")
-    cp.add_argument("--accuracy-tolerance", default=None,
-                    help="largest fall of a task metric that is not a regression, in points: METRIC=POINTS comma "
-                         "list like top_1=0.3,map=1.0, or POINTS for every metric (default 0.5)")
+    cp.add_argument("--accuracy-tolerance", default=None, help=ACCURACY_TOLERANCE_HELP)
     cp.add_argument("--format", default="md", help="md (default), html or json")
     cp.add_argument("--output", default=None, help="write to this file instead of printing")
     cp.add_argument("--ignore", default=None,
@@ -140,6 +140,7 @@ def _add_analysis(sub) -> None:
     nt.add_argument("--baseline", default=None,
                     help="results folder/file or history:ID (default: the latest earlier run on this machine)")
     nt.add_argument("--threshold", default="5%", help="smallest change that matters (default 5%%)")
+    nt.add_argument("--accuracy-tolerance", default=None, help=ACCURACY_TOLERANCE_HELP)
     nt.add_argument("--output", default=None, help="folder for regression.md/html/json (default RESULTS/regression)")
     nt.add_argument("--history", default=None, help=history_help)
 
