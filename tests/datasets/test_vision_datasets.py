@@ -238,3 +238,19 @@ labels = "{labels}"
     proc = run_cli(["-m", "aio_examples", "sweep", "--config", str(config), "--quiet"])
     [first, *_] = load_records(tmp_path / "out2" / "results.jsonl")
     assert first.status == "failed" and "cannot be decoded" in first.reason
+
+
+@pytest.mark.slow      # every backend compiles or converts the model: the second tier
+def test_every_backend_keeps_the_trained_digits_accuracy_at_every_precision_it_runs(trained_digits, tmp_path):
+    images, labels, weights = trained_digits
+    ds = open_dataset("imagenet", str(images), str(labels))
+    records = run(RunRequest(get_model("resnet_18"), ["eager", "torchscript", "inductor", "aio", "onnxruntime",
+                                                      "openvino"], ["fp32", "bf16", "int8"], 8,
+                             ThreadChoice(2, "--threads"), {"input_size": 32}, weights=str(weights),
+                             rule=StopRule(timeout_s=0.5), dataset=ds), tmp_path, reference=True)
+    ran = [r for r in records if r.status != "unsupported"]
+    assert len(ran) >= 10 and {r.precision for r in ran} == {"fp32", "bf16", "int8"}
+    for r in ran:
+        assert r.status == "ok", (r.backend, r.precision, r.reason)
+        assert r.accuracy["metrics"]["top_1"] >= 0.85
+        assert abs(r.accuracy["delta_vs_eager_fp32"]["top_1"]) <= 0.01
