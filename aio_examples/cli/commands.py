@@ -268,15 +268,32 @@ def do_peak(args) -> int:
     threads = args.threads or topo.default_thread_counts()
     for t in threads:
         topo.pick_cpus(t)
-    table = peak.measure_peaks(args.precisions, threads)
-    print(f"matrix-multiply peak of this machine ({peak.SIZE}x{peak.SIZE} GEMM), GFLOP/s:")
-    for precision, by_threads in table["peaks"].items():
-        for t, entry in sorted(by_threads.items(), key=lambda kv: int(kv[0])):
-            engines = ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k}: {v}"
-                                for k, v in entry["engines"].items())
-            best = f"{entry['gflops']:.1f} ({entry['engine']})" if entry["gflops"] else "none"
-            print(f"  {precision} {t} thread(s): {best}   [{engines}]")
-    print(f"cached for this machine: {peak.cache_path()}")
+    if args.only != "bandwidth":
+        table = peak.measure_peaks(args.precisions, threads)
+        print(f"matrix-multiply peak of this machine ({peak.SIZE}x{peak.SIZE} GEMM), GFLOP/s:")
+        for precision, by_threads in table["peaks"].items():
+            for t, entry in sorted(by_threads.items(), key=lambda kv: int(kv[0])):
+                engines = ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k}: {v}"
+                                    for k, v in entry["engines"].items())
+                best = f"{entry['gflops']:.1f} ({entry['engine']})" if entry["gflops"] else "none"
+                print(f"  {precision} {t} thread(s): {best}   [{engines}]")
+        print(f"cached for this machine: {peak.cache_path()}")
+    if args.only != "gemm":
+        from ..machine import bandwidth
+
+        measured = bandwidth.measure_bandwidth(threads)
+        sizes = {e["array_bytes"] for e in measured.values() if "array_bytes" in e}
+        over = f"3 x {max(sizes) / 2**20:.0f} MiB {bandwidth.DTYPE} arrays" if sizes else "arrays"
+        print(f"memory bandwidth of this machine (STREAM triad and read over {over}), GB/s:")
+        for t, entry in measured.items():
+            if "error" in entry:
+                print(f"  {t} thread(s): none   [{entry['error']}]")
+                continue
+            busy = (f"   [other processes kept {entry['busy_elsewhere_cores']:.2f} cores busy: low figures]"
+                    if entry["contended"] else "")
+            print(f"  {t} thread(s): read {entry['read_gb_s']:.1f}, triad {entry['triad_gb_s']:.1f}   "
+                  f"roofline: {entry['roofline_gb_s']:.1f} ({entry['roofline']}){busy}")
+        print(f"cached for this machine: {peak.cache_path(bandwidth.KIND)}")
     return 0
 
 

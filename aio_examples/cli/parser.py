@@ -92,10 +92,13 @@ def _add_drivers(sub) -> None:
 
 def _add_reports(sub) -> None:
     """peak and report."""
-    pk = sub.add_parser("peak", help="this machine's matrix-multiply peak per precision and threads (cached)")
+    pk = sub.add_parser("peak", help="this machine's matrix-multiply peak per precision and threads, and its memory "
+                                     "bandwidth per threads (cached)")
     pk.add_argument("--precisions", type=comma_list("--precisions"), default=["fp32", "bf16"], help="comma list of fp32, bf16")
     pk.add_argument("--threads", type=ints("--threads"), default=None,
                     help="comma list (default: powers of two up to the physical cores, plus that)")
+    pk.add_argument("--only", choices=("gemm", "bandwidth"), default=None,
+                    help="measure only the GEMM peak or only the memory bandwidth (default: both)")
     rp = sub.add_parser("report", help="report.html, summary.csv/md and plots from result files or folders")
     rp.add_argument("results", nargs="+", help="results.jsonl files or folders holding them")
     rp.add_argument("--output", default="report", help="folder to write into (default ./report)")

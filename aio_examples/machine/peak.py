@@ -5,6 +5,7 @@ how much headroom a backend leaves. The peak is the best of several engines on l
 torch's own (`torch.mm`, oneDNN/MKL underneath), oneDNN through torch at bf16, and OpenVINO's MatMul.
 Each (precision, threads) is measured in its own process so the thread count is in effect before
 the libraries start their pools, and the table is cached per machine (CPU model, ISA, versions).
+The memory-bandwidth roofline (bandwidth.py) is measured and cached the same way, through the helpers here.
 """
 
 import json
@@ -27,18 +28,37 @@ def fingerprint() -> str:
                      f"torch {env['versions'].get('torch')}", f"openvino {env['versions'].get('openvino')}"])
 
 
-def cache_path():
+def cache_path(kind: str = "peak"):
+    """This machine's cache file of one kind of measurement (`peak`: GEMM, `bandwidth`: memory), named by
+    a digest of its fingerprint: another CPU, ISA or library version is another file."""
     import hashlib
 
-    return cache_dir() / "peak" / (hashlib.sha256(fingerprint().encode()).hexdigest()[:16] + ".json")
+    return cache_dir(kind) / (hashlib.sha256(fingerprint().encode()).hexdigest()[:16] + ".json")
 
 
-def cached() -> dict:
-    """{"fingerprint", "peaks": {precision: {threads: {"gflops", "engine", "engines"}}}} or empty."""
+def cached(kind: str = "peak") -> dict:
+    """The cached table of this machine or empty. `peak`: {"fingerprint", "peaks": {precision: {threads:
+    {"gflops", "engine", "engines"}}}}; `bandwidth`: see bandwidth.py."""
     try:
-        return json.loads(cache_path().read_text())
+        return json.loads(cache_path(kind).read_text())
     except (OSError, ValueError):
         return {}
+
+
+def measure_in_child(kind: str, module: str, args: list[str], threads: int, timeout_s: float) -> dict:
+    """Run `python -m module args... DEST` with `threads` in effect from its start (DEST: a file beside the
+    `kind` cache, one per calling process); the JSON object it wrote there, or {"error": why it did not}."""
+    import os
+
+    part = cache_path(kind).with_suffix(f".{os.getpid()}.part")
+    env = {**os.environ, **thread_env(threads)}
+    outcome = run_isolated(["-m", module, *args, str(part)], timeout_s, env=env)
+    try:
+        result = json.loads(part.read_text())
+        part.unlink()
+    except (OSError, ValueError):
+        result = {"error": outcome.reason}
+    return result
 
 
 def peak_gflops(precision: str, threads: int) -> float | None:
@@ -48,25 +68,15 @@ def peak_gflops(precision: str, threads: int) -> float | None:
 
 def measure_peaks(precisions, threads_list, timeout_s: float = 300.0) -> dict:
     """Measure every (precision, threads) in a fresh process; merge into the machine's cached table."""
-    import os
-
     path = cache_path()
-    part = path.with_name(path.name + ".part")
     table = cached() or {"fingerprint": fingerprint(), "peaks": {}}
     for precision in precisions:
         for threads in threads_list:
-            env = {**os.environ, **thread_env(threads)}
-            outcome = run_isolated(["-m", "aio_examples.machine.peak", precision, str(threads), str(part)], timeout_s, env=env)
-            try:
-                engines = json.loads(part.read_text())
-                part.unlink()
-            except (OSError, ValueError):
-                engines = {"error": outcome.reason}
+            engines = measure_in_child("peak", "aio_examples.machine.peak", [precision, str(threads)], threads, timeout_s)
             speeds = {k: v for k, v in engines.items() if isinstance(v, float)}
             best = max(speeds, key=speeds.get) if speeds else None
             table["peaks"].setdefault(precision, {})[str(threads)] = {
                 "gflops": speeds[best] if best else None, "engine": best, "engines": engines}
-    path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, table, indent=1)
     return table
 
