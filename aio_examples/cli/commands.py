@@ -50,7 +50,7 @@ def do_run(model: str, args) -> int:
     export_thread_env(choice.threads)          # before torch starts its thread pools
     from ..models import get_model
 
-    spec = get_model(model)
+    spec = get_model(model).with_config(args.config_override)
     shape = spec.shape(input_size=args.input_size, seq_len=args.seq_len, new_tokens=args.new_tokens)
     from ..datasets import resolve
 

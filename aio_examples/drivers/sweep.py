@@ -60,7 +60,8 @@ class Point:
 
         spec = get_model(self.model)
         return ConfigKey(self.model, spec.task, self.backend, self.precision, self.batch_size, self.threads, 1,
-                         self.allocator, shape_label(spec.shape(**dict(self.shape))), "latency",
+                         self.allocator, shape_label(spec.shape(**dict(self.shape))),
+                         "generation" if spec.task == "text-generation" else "latency",
                          self.dataset[0] if self.dataset else "synthetic", "*")
 
     @cached_property

@@ -61,6 +61,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=positive("--seq-len"), default=None, help="sequence length (NLP)")
     p.add_argument("--new-tokens", type=positive("--new-tokens"), default=None,
                    help="tokens to generate (text generation)")
+    p.add_argument("--config-override", action="append", default=None, metavar="KEY=VALUE",
+                   help="change the architecture's config (transformers models; repeatable), e.g. "
+                        "num_hidden_layers=2: recorded in the input shape")
     p.add_argument("--weights", default=None, help="a local torchvision/PyTorch state-dict file")
     p.add_argument("--model-dir", default=None, help="a local Hugging Face model folder (with tokenizer)")
     p.add_argument("--dataset", default=None,
@@ -91,7 +94,10 @@ def run_argv(model: str, shape: dict, **options) -> list[str]:
         if value is None or value is False:
             continue
         flag = "--" + name.replace("_", "-")
-        argv += [flag] if value is True else [flag, str(value)]
+        if isinstance(value, (list, tuple)):        # a repeatable flag
+            argv += [x for item in value for x in (flag, str(item))]
+        else:
+            argv += [flag] if value is True else [flag, str(value)]
     return argv
 
 
@@ -106,16 +112,21 @@ def parse_run_argv(argv: list[str]) -> tuple[str, argparse.Namespace]:
     return args.model, args
 
 
-def scenario_of(args: argparse.Namespace):
+def scenario_of(args: argparse.Namespace, task: str | None = None):
     """The scenario a process's flags ask for: a multi-instance window (--instance), turns a sweep hands out
-    (--turns), or interleaved latency rounds."""
-    from ..measurement.scenarios import InstanceSync, LatencyScenario, Turns, TurnsScenario, WindowScenario
+    (--turns), else token-by-token generation for a text generator, or interleaved latency rounds."""
+    from ..measurement.scenarios import (
+        InstanceSync,
+        Turns,
+        TurnsScenario,
+        WindowScenario,
+    )
 
     if args.instance is not None:
         return WindowScenario(InstanceSync.parse(args.instance, args.barrier or ".", args.group or ""))
     if args.turns is not None:
         return TurnsScenario(Turns(args.turns))
-    return LatencyScenario()
+    return None         # the runner's default: by the model's task (generation or latency)
 
 
 def record_failure(out, spec, backend: str, precision: str, batch_size: int, threads: int, shape: dict,

@@ -22,7 +22,7 @@ from ..machine.threads import ThreadChoice, apply_threads
 from ..models import ModelSpec, file_sha256
 from . import accuracy
 from .output_check import check_outputs
-from .scenarios import LatencyScenario, Scenario
+from .scenarios import GenerationScenario, LatencyScenario, Scenario
 from .timing import Measurement, StopRule, time_passes
 
 # Messages of errors that mean "this build cannot do that", not "something broke".
@@ -44,13 +44,15 @@ class RunRequest:
     rule: StopRule = field(default_factory=StopRule)
     module: object = None            # a user's own module (then spec is a CustomModel)
     example_inputs: tuple | None = None
-    scenario: Scenario = field(default_factory=LatencyScenario)   # how the prepared configurations are driven
+    scenario: Scenario | None = None  # how the prepared configurations are driven (default: by the model's task)
     dataset: Dataset = field(default_factory=lambda: get_dataset(DEFAULT_DATASET))   # where the inputs come from
     point_id: str | None = None      # the sweep point this run answers
     probe: bool = False              # measure the machine probe after every round (machine/probe.py)
     flops_per_pass: int | None = None  # filled by run(): FLOPs of one pass (zoo models), for % of machine peak
 
     def __post_init__(self):
+        if self.scenario is None:
+            self.scenario = GenerationScenario() if self.spec.task == "text-generation" else LatencyScenario()
         if isinstance(self.precisions, str):
             self.precisions = [self.precisions]
         for p in self.precisions:

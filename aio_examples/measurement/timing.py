@@ -67,7 +67,7 @@ class Measurement:
     warmup_passes: int = 0
     warmup_s: float = 0.0
     samples_ns: list = field(default_factory=list)
-    extra_ns: dict = field(default_factory=dict)   # per-pass metrics a pass reports, e.g. ttft
+    extra_ns: dict = field(default_factory=dict)   # per-pass metrics a pass reports (ns, or a list of them), e.g. ttft
     measured_s: float = 0.0
     stop_reason: str | None = None
     error: tuple | None = None                     # (status, reason) when a pass raised
@@ -88,7 +88,11 @@ class Measurement:
         if keep:
             self.first_output = out
         for name, value in (getattr(self.fn, "pass_metrics", None) or {}).items():
-            self.extra_ns.setdefault(name, []).append(value)
+            values = self.extra_ns.setdefault(name, [])
+            if isinstance(value, list):
+                values.extend(value)
+            else:
+                values.append(value)
         return elapsed
 
     def warm_up(self) -> None:

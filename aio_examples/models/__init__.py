@@ -42,6 +42,18 @@ ZOO: dict[str, ModelSpec] = {spec.name: spec for spec in (
     CausalLM("gpt2", "text-generation", "tokens", {"seq_len": 32, "new_tokens": 32},
              config_class="GPT2Config", model_class="GPT2LMHeadModel", auto_class="AutoModelForCausalLM",
              unsupported_backends={"torchscript": _GENERATION_JIT}),
+    # Llama 3.2 1B's architecture: RMSNorm, RoPE (llama3 scaling), grouped-query attention (32 heads, 8 for
+    # keys and values), SwiGLU, tied embeddings; any Llama-architecture folder loads with --model-dir
+    CausalLM("llama_3_2_1b", "text-generation", "tokens", {"seq_len": 512, "new_tokens": 128},
+             config_class="LlamaConfig", model_class="LlamaForCausalLM", auto_class="AutoModelForCausalLM",
+             unsupported_backends={"torchscript": _GENERATION_JIT},
+             config_kwargs=(("hidden_size", 2048), ("intermediate_size", 8192), ("num_hidden_layers", 16),
+                            ("num_attention_heads", 32), ("num_key_value_heads", 8), ("head_dim", 64),
+                            ("vocab_size", 128256), ("max_position_embeddings", 131072), ("rms_norm_eps", 1e-5),
+                            ("rope_theta", 500000.0), ("tie_word_embeddings", True),
+                            ("rope_scaling", {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+                            ("bos_token_id", 128000), ("eos_token_id", 128001))),
 )}
 
 

@@ -19,6 +19,7 @@ class ModelSpec:
     task_unit: str                  # what throughput counts: images, sequences, tokens
     default_shape: dict             # e.g. {"input_size": 224} or {"seq_len": 384}
     unsupported_backends: dict = field(default_factory=dict)   # backend -> reason
+    config_overrides: tuple = ()    # (key, value) pairs changing the architecture's config (--config-override)
 
     @property
     def family(self) -> str:
@@ -105,8 +106,15 @@ class ModelSpec:
         return batch_size * (seq * HIDDEN * 4 * 16 + 12 * seq * seq * 4) if seq else 0
 
     def input_shape(self, batch_size: int, shape: dict) -> dict:
-        """The input shape recorded in results."""
-        return {"batch_size": batch_size, **shape}
+        """The input shape recorded in results, with any config override (part of the configuration key)."""
+        return {"batch_size": batch_size, **shape, **{f"config.{k}": v for k, v in self.config_overrides}}
+
+    def with_config(self, overrides: list[str] | None) -> "ModelSpec":
+        """This entry with `KEY=VALUE` overrides of its architecture's config, checked against it."""
+        if not overrides:
+            return self
+        raise UsageError(f"--config-override does not apply to {self.name}; accepted: the transformers models "
+                         "(a config to override)")
 
 
 def load_state_dict_file(module, path: str) -> None:

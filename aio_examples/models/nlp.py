@@ -1,5 +1,7 @@
 """NLP models from transformers' architecture code: encoders and a causal LM for generation."""
 
+import itertools
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +24,8 @@ def load_transformers():
     from ..compat.torchvision_shim import ensure_torchvision
 
     ensure_torchvision()
+    # transformers imports torchao when installed, whose enums torch's pytree warns about on every start
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
     import transformers
 
     return transformers
@@ -56,7 +60,42 @@ class Encoder(ModelSpec):
     config_kwargs: tuple = ()
 
     def _config(self):
-        return getattr(load_transformers(), self.config_class)(**dict(self.config_kwargs))
+        return getattr(load_transformers(), self.config_class)(**{**dict(self.config_kwargs),
+                                                                   **dict(self.config_overrides)})
+
+    def with_config(self, overrides):
+        """`KEY=VALUE` overrides (a quick look at any shape: `num_hidden_layers=2`): the key must be a field of
+        the config, the value of its type (JSON literals: 2, 0.5, true, "text")."""
+        if not overrides:
+            return self
+        import dataclasses
+        import json
+
+        config, parsed = self._config().to_dict(), {}
+        for item in overrides:
+            key, eq, text = item.partition("=")
+            if not eq or not key:
+                raise UsageError(f"--config-override {item!r} is invalid; accepted: KEY=VALUE")
+            if key not in config:
+                raise UsageError(f"--config-override {item!r}: {self.config_class} has no {key!r}; accepted: one of "
+                                 f"its keys, e.g. {', '.join(sorted(k for k in config if 'layers' in k or 'size' in k)[:6])}")
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError:
+                value = text
+            default = config[key]
+            if default is not None and not (type(value) is type(default)
+                                            or (isinstance(default, float) and type(value) is int)):
+                raise UsageError(f"--config-override {item!r}: {key} takes a {type(default).__name__} "
+                                 f"(its default is {default!r}); accepted: KEY=VALUE of that type")
+            parsed[key] = value
+        spec = dataclasses.replace(self, config_overrides=tuple(sorted(parsed.items())))
+        try:
+            spec._config()
+        except (ValueError, TypeError) as exc:
+            raise UsageError(f"--config-override {' '.join(overrides)}: {self.config_class} refuses it "
+                             f"({str(exc).splitlines()[0][:200]})") from None
+        return spec
 
     def smoke_shape(self):
         return {"seq_len": 32}
@@ -132,26 +171,66 @@ class CausalLMStep(nn.Module):
         return out.logits[:, -1]
 
 
-class GreedyGeneration:
-    """One pass = prompt prefill + greedy decoding of `new_tokens` tokens; records time to first token."""
+def graphs_compiled() -> int:
+    """Graphs torch.compile has compiled in this process so far (dynamo's own counter)."""
+    from torch._dynamo.utils import counters
 
-    def __init__(self, step, prompt: torch.Tensor, new_tokens: int):
+    return int(counters["stats"]["unique_graphs"])
+
+
+def tensor_bytes(module: nn.Module) -> int:
+    """Bytes of a module's weights as stored (each shared tensor once), counting the packed inner tensors of
+    quantized tensor subclasses (torchao's int8/int4 weights), not the dtype they present."""
+    def nbytes(t):
+        if hasattr(t, "__tensor_flatten__"):
+            names, _ = t.__tensor_flatten__()
+            return sum(nbytes(getattr(t, n)) for n in names)
+        return t.numel() * t.element_size()
+
+    seen, total = set(), 0
+    for t in [*module.parameters(), *module.buffers()]:
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += nbytes(t)
+    return total
+
+
+class GreedyGeneration:
+    """One pass = the prompt's prefill, then greedy decoding of exactly `new_tokens` tokens (end of sequence
+    ignored). Stamps the first token (TTFT) and every later one (inter-token latencies) from inside the loop,
+    and counts graphs compiled during the pass; `facts` holds the KV-cache and weight bytes."""
+
+    def __init__(self, step, prompt: torch.Tensor, new_tokens: int, weight_bytes: int | None = None):
         self.step, self.prompt, self.new_tokens = step, prompt, new_tokens
         self.prompt_positions = torch.arange(prompt.shape[1])
         self.pass_metrics: dict = {}
+        self.facts: dict = {"weight_bytes": weight_bytes} if weight_bytes else {}
 
     def __call__(self):
+        compiled = graphs_compiled()
         start = time.perf_counter_ns()
         prompt_len = self.prompt.shape[1]
         cache = self.step.new_cache(prompt_len + self.new_tokens)
         first_logits = self.step(self.prompt, cache, self.prompt_positions)
         tokens = [first_logits.argmax(-1)]
-        self.pass_metrics = {"ttft": time.perf_counter_ns() - start}
+        stamps = [time.perf_counter_ns()]
         for i in range(self.new_tokens - 1):
             position = torch.tensor([prompt_len + i])
             tokens.append(self.step(tokens[-1][:, None], cache, position).argmax(-1))
+            stamps.append(time.perf_counter_ns())
+        self.pass_metrics = {"ttft": stamps[0] - start, "itl": [b - a for a, b in itertools.pairwise(stamps)],
+                             "compiles": graphs_compiled() - compiled}
+        if "kv_cache_bytes" not in self.facts:
+            self.facts["kv_cache_bytes"] = _cache_bytes(cache)
         # The tokens, and the prompt's next-token logits for numeric output checks.
         return torch.stack(tokens, 1), first_logits
+
+
+def _cache_bytes(cache) -> int | None:
+    layers = getattr(cache, "layers", None) or []
+    tensors = [t for layer in layers for t in (getattr(layer, "keys", None), getattr(layer, "values", None))
+               if isinstance(t, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors) or None
 
 
 @dataclass(frozen=True)
@@ -162,7 +241,10 @@ class CausalLM(Encoder):
         return {"seq_len": 8, "new_tokens": 4}
 
     def check_shape(self, shape):
-        limit = self._config().n_positions
+        config = self._config()
+        limit = getattr(config, "max_position_embeddings", None) or config.n_positions
+        if shape["new_tokens"] < 1:
+            raise UsageError(f"--new-tokens {shape['new_tokens']} is invalid; accepted: a whole number >= 1")
         if shape["seq_len"] + shape["new_tokens"] > limit:
             raise UsageError(f"--seq-len + --new-tokens = {shape['seq_len'] + shape['new_tokens']} is too long "
                              f"for {self.name}; accepted: at most {limit}")
@@ -189,4 +271,21 @@ class CausalLM(Encoder):
         return batch_size * shape["new_tokens"]
 
     def make_pass(self, prepared, shape):
-        return GreedyGeneration(prepared.fn, prepared.inputs[0], shape["new_tokens"])
+        module = getattr(prepared.fn, "_orig_mod", prepared.fn)      # under torch.compile's wrapper
+        weights = tensor_bytes(module) if isinstance(module, nn.Module) else None
+        return GreedyGeneration(prepared.fn, prepared.inputs[0], shape["new_tokens"], weights)
+
+    def memory_estimate(self, batch_size, shape):
+        """The fp32 weights (counted on the meta device: nothing allocated), one copy a backend makes, the
+        static KV cache and the logits."""
+        config = self._config()
+        with torch.device("meta"):
+            model = getattr(load_transformers(), self.model_class)(config)
+        weights = sum(p.numel() for p in model.parameters()) * 4
+        seq = shape["seq_len"] + shape["new_tokens"]
+        layers = getattr(config, "num_hidden_layers", None) or config.n_layer
+        heads = getattr(config, "num_key_value_heads", None) or getattr(config, "n_head", 12)
+        head_dim = getattr(config, "head_dim", None) or (getattr(config, "hidden_size", None) or config.n_embd) // (
+            getattr(config, "num_attention_heads", None) or config.n_head)
+        kv = 2 * layers * batch_size * heads * head_dim * seq * 4
+        return 2 * weights + kv + batch_size * seq * config.vocab_size * 4

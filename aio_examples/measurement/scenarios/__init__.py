@@ -1,6 +1,7 @@
 """Scenario registry: how a prepared model is driven; one line per scenario, each in its own module."""
 
 from .base import Scenario
+from .generation import GenerationScenario
 from .latency import LatencyScenario
 from .turns import Turns, TurnsScenario
 from .window import InstanceSync, WindowScenario
@@ -8,8 +9,9 @@ from .window import InstanceSync, WindowScenario
 # name -> class; the constructor of each takes what its worker flags carry (drivers/worker.py builds them)
 SCENARIOS: dict[str, type[Scenario]] = {s.name: s for s in (
     LatencyScenario,
+    GenerationScenario,
     TurnsScenario,
     WindowScenario,
 )}
 
-__all__ = ["SCENARIOS", "InstanceSync", "LatencyScenario", "Scenario", "Turns", "TurnsScenario", "WindowScenario"]
+__all__ = ["SCENARIOS", "GenerationScenario", "InstanceSync", "LatencyScenario", "Scenario", "Turns", "TurnsScenario", "WindowScenario"]

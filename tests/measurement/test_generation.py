@@ -1,0 +1,84 @@
+"""The generation scenario on a small Llama (`--config-override`): token timestamps, recompilations, bad input."""
+
+import pytest
+
+from aio_examples.core.errors import UsageError
+from aio_examples.machine.threads import ThreadChoice
+from aio_examples.measurement.runner import RunRequest, run
+from aio_examples.measurement.scenarios import GenerationScenario
+from aio_examples.measurement.timing import Measurement, StopRule
+from aio_examples.models import get_model
+from conftest import run_cli
+
+TINY = ["num_hidden_layers=2", "hidden_size=128", "intermediate_size=256", "num_attention_heads=4",
+        "num_key_value_heads=2", "head_dim=32", "vocab_size=512"]
+SHAPE = {"seq_len": 16, "new_tokens": 6}
+
+
+def tiny_llama():
+    return get_model("llama_3_2_1b").with_config(TINY)
+
+
+def test_prefill_and_decode_stamps_add_up_to_the_end_to_end_time(tmp_path):
+    spec = tiny_llama()
+    [r] = run(RunRequest(spec, ["eager"], "fp32", 2, ThreadChoice(1, "--threads"), spec.shape(**SHAPE),
+                         rule=StopRule(timeout_s=0.5)), tmp_path)
+    assert r.status == "ok" and r.scenario["name"] == "generation"
+    gen = r.metrics["generation"]
+    n = gen["e2e_ms"]["n"]
+    assert gen["ttft_ms"]["n"] == n and gen["itl_ms"]["n"] == n * (SHAPE["new_tokens"] - 1)
+    accounted = gen["ttft_ms"]["mean"] + (SHAPE["new_tokens"] - 1) * gen["itl_ms"]["mean"]
+    assert accounted == pytest.approx(gen["e2e_ms"]["mean"], rel=0.05)
+    assert gen["tpot_ms"]["mean"] == pytest.approx(gen["itl_ms"]["mean"], rel=0.05)
+    assert gen["decode_tokens_per_s"] == pytest.approx(2 / (gen["tpot_ms"]["p50"] / 1e3))
+    assert gen["prefill_tokens_per_s"] == pytest.approx(2 * 16 / (gen["ttft_ms"]["p50"] / 1e3))
+    # the static cache: layers x (keys + values) x batch x kv heads x (prompt + new) x head dim x fp32
+    assert gen["kv_cache_bytes"] == 2 * 2 * 2 * 2 * (16 + 6) * 32 * 4
+    assert gen["weight_bytes"] > 0 and 0 < gen["roofline_share"] < 2
+    assert r.input_shape["config.num_hidden_layers"] == 2 and "config.num_hidden_layers=2" in r.key().shape
+
+
+def test_inductor_generation_compiles_in_warm_up_only(tmp_path):
+    spec = tiny_llama()
+    [r] = run(RunRequest(spec, ["inductor"], "fp32", 1, ThreadChoice(1, "--threads"), spec.shape(**SHAPE),
+                         rule=StopRule(timeout_s=0.5)), tmp_path)
+    assert r.status == "ok", r.reason
+    assert r.metrics["generation"]["recompilations"] == 0
+
+
+def test_a_pass_that_compiles_while_measured_fails_its_configuration():
+    spec = tiny_llama()
+    from aio_examples.core.records import Result
+
+    r = Result.for_config(spec, "inductor", "fp32", 1, 1, spec.shape(**SHAPE))
+    m = Measurement(lambda: None, StopRule())
+    m.samples_ns = [10_000_000, 12_000_000]
+    m.extra_ns = {"ttft": [4_000_000, 4_000_000], "itl": [1_000_000] * 10, "compiles": [0, 1]}
+    GenerationScenario().annotate(r, m, 6)
+    assert r.status == "failed" and "1 graph(s) compiled during measured passes" in r.reason
+
+
+def test_config_overrides_are_checked_against_the_config():
+    spec = get_model("llama_3_2_1b")
+    assert dict(spec.with_config(["num_hidden_layers=2", "rms_norm_eps=1e-6"]).config_overrides) == {
+        "num_hidden_layers": 2, "rms_norm_eps": 1e-6}
+    with pytest.raises(UsageError, match="LlamaConfig has no 'num_layers'"):
+        spec.with_config(["num_layers=2"])
+    with pytest.raises(UsageError, match="num_hidden_layers takes a int"):
+        spec.with_config(["num_hidden_layers=two"])
+    with pytest.raises(UsageError, match="accepted: KEY=VALUE"):
+        spec.with_config(["num_hidden_layers"])
+    with pytest.raises(UsageError, match="does not apply to resnet_18"):
+        get_model("resnet_18").with_config(["num_hidden_layers=2"])
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--new-tokens", "0"], "--new-tokens '0' is invalid"),
+    (["--seq-len", "131072"], "is too long for llama_3_2_1b; accepted: at most 131072"),
+    (["--config-override", "num_layers=2"], "LlamaConfig has no 'num_layers'"),
+    (["-b", "4096", "--seq-len", "8192"], "GiB for llama_3_2_1b"),
+])
+def test_bad_generation_input_is_one_line_and_exit_2(flags, message, tmp_path):
+    proc = run_cli(["-m", "aio_examples", "run", "llama_3_2_1b", *flags, "--output", str(tmp_path)], timeout=300)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-500:]
+    assert len(proc.stderr.strip().splitlines()) == 1
