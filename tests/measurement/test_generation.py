@@ -1,6 +1,7 @@
 """The generation scenario on a small Llama (`--config-override`): token timestamps, recompilations, bad input."""
 
 import pytest
+from conftest import run_cli
 
 from aio_examples.core.errors import UsageError
 from aio_examples.machine.threads import ThreadChoice
@@ -8,7 +9,6 @@ from aio_examples.measurement.runner import RunRequest, run
 from aio_examples.measurement.scenarios import GenerationScenario
 from aio_examples.measurement.timing import Measurement, StopRule
 from aio_examples.models import get_model
-from conftest import run_cli
 
 TINY = ["num_hidden_layers=2", "hidden_size=128", "intermediate_size=256", "num_attention_heads=4",
         "num_key_value_heads=2", "head_dim=32", "vocab_size=512"]
