@@ -72,5 +72,5 @@ def test_gpt2_on_torchscript_is_unsupported_with_a_reason():
 def test_api_validates_like_the_cli():
     with pytest.raises(UsageError, match="batch size 0"):
         benchmark("resnet_18", batch_size=0, threads=1)
-    with pytest.raises(UsageError, match="precision 'int4'"):
-        benchmark("resnet_18", precision="int4", threads=1)
+    with pytest.raises(UsageError, match="precision 'int3'"):
+        benchmark("resnet_18", precision="int3", threads=1)

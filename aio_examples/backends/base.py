@@ -72,6 +72,10 @@ class Backend:
 
     def unsupported_reason(self, spec, precision: str) -> str | None:
         """Why this backend cannot run this model at this precision (None when it can)."""
+        if precision == "int4" and spec.task != "text-generation":
+            from .int8 import INT4_ONLY_GENERATION
+
+            return INT4_ONLY_GENERATION
         return spec.unsupported_backends.get(self.name)
 
     def prepare(self, model, example_inputs: tuple, precision: str, threads: int, ctx: PrepareContext) -> Prepared:

@@ -10,6 +10,9 @@ class EagerBackend(Backend):
     description = "PyTorch eager mode"
 
     def prepare(self, model, example_inputs, precision, threads, ctx):
+        if precision in ("int8", "int4") and quantize.is_generation_step(model):
+            model, mode, info = quantize.weight_only(model, precision)
+            return Prepared(model, example_inputs, mode, info)
         if precision == "int8":
             model, mode, info = quantize.eager_int8(model, example_inputs)
             return Prepared(model, example_inputs, mode, info)

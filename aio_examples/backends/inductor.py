@@ -17,6 +17,8 @@ class InductorBackend(Backend):
         inductor_config.cpp.threads = threads
         inductor_config.freezing = True    # int8 lowering (weight prepacking) happens in freezing passes
         info = {"freezing": True, "cpp_threads": threads}
+        if quantize.is_generation_step(model):
+            return self._generation(model, example_inputs, precision, info)
         if precision == "int8":
             calibration = ctx.calibration_inputs(example_inputs, quantize.CALIBRATION_BATCHES)
             graph, mode, qinfo = quantize.inductor_int8(model, example_inputs, calibration)
@@ -27,3 +29,18 @@ class InductorBackend(Backend):
         model, inputs, mode = prec.cast(model, example_inputs, precision)
         compiled = torch.compile(model, backend="inductor")
         return Prepared(compiled, inputs, mode, info, compiles_on_first_call=True)
+
+    @staticmethod
+    def _generation(model, example_inputs, precision, info):
+        """A decoding step over a static KV cache, compiled with static shapes: one graph for the prefill and
+        one for every decode step (cache positions are tensors, so no step recompiles), weights frozen."""
+        import torch
+
+        if precision in ("int8", "int4"):
+            model, mode, qinfo = quantize.weight_only(model, precision)
+            info.update(qinfo)
+        else:
+            model, _, mode = prec.cast(model, example_inputs, precision)
+        info["dynamic"] = False
+        compiled = torch.compile(model, backend="inductor", dynamic=False)
+        return Prepared(compiled, example_inputs, mode, info, compiles_on_first_call=True)

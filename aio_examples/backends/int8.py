@@ -112,6 +112,65 @@ def quantized_modules(module) -> int:
     return sum(isinstance(m, DynamicQuantLinear) for m in module.modules())
 
 
+INT4_GROUP = 128       # weights per int4 scale: the usual size of published w4a16 checkpoints (GPTQ, AWQ)
+INT4_ONLY_GENERATION = ("int4 is weight-only quantization for text generation, whose decoding is bound by the "
+                        "bytes of weights it reads; accepted for this model: int8")
+
+
+def weight_only(model, precision: str):
+    """Weight-only int8 or int4 of a generation step's Linear layers with bf16 activations (torchao): the
+    weights read on every decoded token shrink 2x or 4x. Returns (model, precision_mode, info).
+
+    int8: `Int8WeightOnlyConfig` (per-channel scales). int4: `PrototypeInt4WeightOnlyConfig` (groups of
+    INT4_GROUP, packed for `aten._weight_int4pack_mm_for_cpu`); layers whose shapes the packing refuses (out
+    features not a multiple of 16, in features not a multiple of the group) stay bf16 and are counted.
+    torchao's dynamic int8 activations are not offered: under inductor they returned wrong logits here.
+    """
+    import torch
+    from torch import nn
+
+    try:
+        with _quiet_torchao():
+            from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
+            from torchao.quantization import Int8WeightOnlyConfig, quantize_
+    except ImportError as exc:
+        raise UnsupportedError(f"weight-only {precision} needs torchao ({exc}); pip install torchao") from None
+    hf_conv1d_to_linear(model)
+    model = model.to(torch.bfloat16)
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if precision == "int8":
+        config, fits, mode = Int8WeightOnlyConfig(), (lambda m: True), "w8a16"
+    else:
+        config, mode = PrototypeInt4WeightOnlyConfig(group_size=INT4_GROUP), f"w4a16-g{INT4_GROUP}"
+        fits = lambda m: m.out_features % 16 == 0 and m.in_features % INT4_GROUP == 0
+    chosen = {id(m) for m in linears if fits(m)}
+    if not chosen:
+        raise UnsupportedError(f"weight-only {precision}: no Linear layer of {type(model).__name__} has a shape "
+                               "it packs")
+    try:
+        quantize_(model, config, filter_fn=lambda m, fqn: id(m) in chosen)
+    except (RuntimeError, NotImplementedError) as exc:      # a CPU without the packed kernel
+        raise UnsupportedError(f"weight-only {precision} does not run here: {str(exc).splitlines()[0][:200]}") from None
+    info = {"quantizer": f"torchao {type(config).__name__}", "activations": "bf16", "quantized_linears": len(chosen),
+            "linears_left_bf16": len(linears) - len(chosen)}
+    if precision == "int4":
+        info["group_size"] = INT4_GROUP
+    return model, mode, info
+
+
+@contextmanager
+def _quiet_torchao():
+    """torchao reports, for each of its CUDA-only libraries, that it cannot load it on this build."""
+    ao_logger = logging.getLogger("torchao")
+    level = ao_logger.level
+    if not logger.isEnabledFor(logging.DEBUG):
+        ao_logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        ao_logger.setLevel(level)
+
+
 def dynamic_int8(model):
     """Dynamic int8 for every `nn.Linear` (in place): returns (model, info).
 
@@ -153,19 +212,13 @@ def eager_int8(model, example_inputs: tuple):
 
 def _import_pt2e():
     """torchao's PT2E entry points (importing the quantizer also registers inductor's int8 lowering)."""
-    quiet = not logger.isEnabledFor(logging.DEBUG)
-    ao_logger = logging.getLogger("torchao")
-    level = ao_logger.level
-    if quiet:   # torchao reports, for each of its CUDA-only libraries, that it cannot load it on this build
-        ao_logger.setLevel(logging.ERROR)
     try:
-        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-        from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as xiq
+        with _quiet_torchao():
+            from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+            from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as xiq
     except ImportError as exc:
         raise UnsupportedError(f"int8 through inductor needs torchao's PT2E quantizer ({exc}); "
                                "pip install torchao") from None
-    finally:
-        ao_logger.setLevel(level)
     return prepare_pt2e, convert_pt2e, xiq
 
 

@@ -23,6 +23,7 @@ from .base import Backend, Prepared
 # precision -> (INFERENCE_PRECISION_HINT asked, the OPTIMIZATION_CAPABILITIES entry the CPU needs for it).
 # int8 keeps the f32 hint: quantized layers run int8, the rest f32.
 _PRECISIONS = {"fp32": ("f32", "FP32"), "bf16": ("bf16", "BF16"), "fp16": ("f16", "FP16"), "int8": ("f32", "INT8")}
+# (int4 is weight-only quantization for text generation, which this backend does not run: base.py refuses it)
 # Runtime layers that do the matrix work: at int8 at least one must run with an integer precision.
 _COMPUTE_LAYERS = ("Convolution", "Deconvolution", "FullyConnected", "MatMul")
 _CALIBRATION_SAMPLES = 8

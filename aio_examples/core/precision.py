@@ -2,7 +2,7 @@
 
 from .errors import UnsupportedError, UsageError
 
-PRECISIONS = ("fp32", "bf16", "fp16", "int8")
+PRECISIONS = ("fp32", "bf16", "fp16", "int8", "int4")      # int4: weight-only, for text generation
 FLOAT_PRECISIONS = ("fp32", "bf16", "fp16")
 
 

@@ -13,10 +13,10 @@ from ..models.vision import detections
 
 # Minimum cosine similarity with eager fp32, per precision. Reduced precisions keep ~3 significant
 # digits (bf16: 8 mantissa bits), int8 fewer; deep networks accumulate that error layer by layer.
-COSINE_MIN = {"fp32": 0.9999, "bf16": 0.98, "fp16": 0.99, "int8": 0.95}
+COSINE_MIN = {"fp32": 0.9999, "bf16": 0.98, "fp16": 0.99, "int8": 0.95, "int4": 0.9}
 # Minimum task agreement (e.g. top-1 agreement), judged only with real weights: random weights
 # give near-tied scores whose order any rounding may flip, so there it is reported, not judged.
-AGREEMENT_MIN = {"fp32": 0.99, "bf16": 0.9, "fp16": 0.9, "int8": 0.8}
+AGREEMENT_MIN = {"fp32": 0.99, "bf16": 0.9, "fp16": 0.9, "int8": 0.8, "int4": 0.7}
 # Detection: share of the top reference boxes matched by the output (same label, IoU >= 0.5).
 IOU_MIN = 0.5
 DETECTION_TOP = 20

@@ -82,3 +82,27 @@ def test_bad_generation_input_is_one_line_and_exit_2(flags, message, tmp_path):
     proc = run_cli(["-m", "aio_examples", "run", "llama_3_2_1b", *flags, "--output", str(tmp_path)], timeout=300)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-500:]
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_int8_and_int4_are_weight_only_with_bf16_activations_and_fewer_weight_bytes(tmp_path):
+    spec = tiny_llama()
+    records = run(RunRequest(spec, ["eager"], ["bf16", "int8", "int4"], 1, ThreadChoice(1, "--threads"),
+                             spec.shape(**SHAPE), rule=StopRule(timeout_s=0.3)), tmp_path)
+    by = {r.precision: r for r in records}
+    assert all(r.status == "ok" for r in records), [(r.precision, r.reason) for r in records]
+    assert by["int8"].precision_mode == "w8a16" and by["int4"].precision_mode == "w4a16-g128"
+    assert by["int4"].backend_info["group_size"] == 128 and by["int4"].backend_info["quantized_linears"] == 15
+    weights = {p: r.metrics["generation"]["weight_bytes"] for p, r in by.items()}
+    assert weights["int4"] < weights["int8"] < weights["bf16"]
+
+
+def test_int4_is_refused_where_it_does_not_apply(tmp_path):
+    spec = get_model("resnet_18")
+    records = run(RunRequest(spec, ["eager", "inductor", "onnxruntime"], "int4", 1, ThreadChoice(1, "--threads"),
+                             {"input_size": 32}, rule=StopRule(timeout_s=0.2)), tmp_path)
+    assert all(r.status == "unsupported" and "int4 is weight-only quantization for text generation" in r.reason
+               for r in records)
+    llama = tiny_llama()
+    [r] = run(RunRequest(llama, ["openvino"], "int4", 1, ThreadChoice(1, "--threads"), llama.shape(**SHAPE),
+                         rule=StopRule(timeout_s=0.2)), tmp_path)
+    assert r.status == "unsupported" and r.reason
