@@ -68,6 +68,10 @@ class Dataset:
         """A fresh scorer for one configuration (None without labels)."""
         return None
 
+    # A dataset for a generator may define `drive(step, inputs) -> list of numpy arrays`: how one batch is run
+    # through a prepared generation step (which only predicts the next token over its own KV cache, e.g.
+    # teacher-forced over a window for perplexity). Without it, a batch is one call of the prepared model.
+
     def describe(self) -> dict:
         """What the record's accuracy block says about the data: kind, path, digest of the sample list."""
         return {"kind": self.name}

@@ -25,7 +25,9 @@ def score(dataset, spec, module, prepared, batch_size: int, shape: dict) -> tupl
     start, samples = time.perf_counter(), 0
     for batch in dataset.batches(spec, batch_size, shape, module):
         interrupts.check()
-        evaluation.add(batch, flatten(prepared.fn(*prepared.feed(batch.inputs))))
+        inputs = prepared.feed(batch.inputs)
+        drive = getattr(dataset, "drive", None)     # a generator's dataset steps the model itself
+        evaluation.add(batch, drive(prepared.fn, inputs) if drive else flatten(prepared.fn(*inputs)))
         samples += batch.count
     return evaluation.metrics(), evaluation.predictions(), samples, time.perf_counter() - start
 
