@@ -177,6 +177,8 @@ def merge_linears(gm: fx.GraphModule) -> dict:
         weight, bias = _constant(gm, w), _constant(gm, b)
         if weight is None or weight.dim() != 2 or (b is not None and bias is None):
             continue
+        if type(weight) not in (torch.Tensor, torch.nn.Parameter):    # a quantized tensor subclass: packed,
+            continue                                                   # its rows cannot be concatenated
         groups[(x, weight.dtype, weight.device)].append(node)
     merged_groups = merged = 0
     for (x, dtype, device), nodes in groups.items():

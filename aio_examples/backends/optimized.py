@@ -19,6 +19,16 @@ from ..machine import contention
 from .base import Backend, Prepared
 
 STRATEGIES = ("compiled", "onnxruntime", "openvino")
+# A generation step runs on neither runtime (they cannot step a mutable KV cache); beside its own compiled
+# path, aio weighs inductor's, which lowers torchao's weight-only int8 to its packed kernel where aio's
+# constant folding does not.
+GENERATION_STRATEGIES = ("compiled", "inductor")
+
+
+def strategies_for(model) -> tuple:
+    from .int8 import is_generation_step
+
+    return GENERATION_STRATEGIES if is_generation_step(model) else STRATEGIES
 BUSY_LIMIT_CORES = 0.3      # other processes' load above which a tuning decision is used but not cached
 
 
@@ -46,10 +56,10 @@ class AioBackend(Backend):
         env = capture({})
         key = {"inputs": describe_inputs(example_inputs), "precision": precision, "threads": threads,
                "cpu": f"{env.get('cpu_model')}|{platform.machine()}|{','.join(env.get('isa') or [])}",
-               "versions": env["versions"]}
+               "versions": env["versions"], "strategies": list(strategies_for(model))}
         decision_file = _decision_file(ctx.model_name, key)
         cached = _load_decision(decision_file)
-        if cached and cached["strategy"] in STRATEGIES:
+        if cached and cached["strategy"] in strategies_for(model):
             try:
                 prepared = self._prepare_strategy(cached["strategy"], model, example_inputs, precision, threads, ctx)
             except UnsupportedError:
@@ -68,7 +78,7 @@ class AioBackend(Backend):
         import torch
 
         prepared, refused = {}, {}
-        for strategy in STRATEGIES:
+        for strategy in strategies_for(model):
             if prepared and ctx.time_passes is None:
                 break
             try:
@@ -138,10 +148,12 @@ def _compiled(model, example_inputs, precision, threads, ctx, inductor: Backend 
     """torch.compile(backend="aio") with the precision's implicit mode, channels-last for conv nets."""
     from .. import aio_compile
     from ..core import precision as prec
-    from .int8 import is_conv_net
+    from .int8 import is_conv_net, is_generation_step
 
     options = {"modelname": ctx.model_name, "threads": threads}
     inputs, mode = example_inputs, "native"
+    if is_generation_step(model):
+        return _compiled_generation(model, example_inputs, precision, options)
     if precision == "bf16":
         model, inputs, mode = prec.cast(model, example_inputs, "bf16")
     elif precision == "fp16":
@@ -181,6 +193,33 @@ def _compiled(model, example_inputs, precision, threads, ctx, inductor: Backend 
     return Prepared(_CheckedOnFirstCall(compiled, check), inputs,
                     f"implicit-{precision}" if precision in ("fp16", "int8") else mode, info,
                     compiles_on_first_call=True)
+
+
+def _compiled_generation(model, example_inputs, precision, options) -> Prepared:
+    """A generation step through backend "aio" with static shapes (one prefill graph, one decode graph):
+    q/k/v and gate/up projections merged into one GEMM each (fewer, larger weight reads per token), weights
+    frozen; int8/int4 as weight-only quantization (torchao) first, whose packed weights stay unmerged."""
+    import torch
+
+    from .. import aio_compile
+    from ..core import precision as prec
+    from .int8 import weight_only
+
+    info = {"dynamic": False}
+    if precision in ("int8", "int4"):
+        model, mode, qinfo = weight_only(model, precision)
+        info.update(qinfo)
+    else:
+        model, _, mode = prec.cast(model, example_inputs, precision)
+    aio_compile.resolve_options(options)
+    info["provider"] = aio_compile.register()
+    compiled = torch.compile(model, backend="aio", options=options, dynamic=False)
+    info["options"] = options
+
+    def check():
+        info["passes"] = aio_compile.last_report(options["modelname"]) or {}
+
+    return Prepared(_CheckedOnFirstCall(compiled, check), example_inputs, mode, info, compiles_on_first_call=True)
 
 
 class _CheckedOnFirstCall:

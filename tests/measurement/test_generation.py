@@ -106,3 +106,18 @@ def test_int4_is_refused_where_it_does_not_apply(tmp_path):
     [r] = run(RunRequest(llama, ["openvino"], "int4", 1, ThreadChoice(1, "--threads"), llama.shape(**SHAPE),
                          rule=StopRule(timeout_s=0.2)), tmp_path)
     assert r.status == "unsupported" and r.reason
+
+
+@pytest.mark.slow      # tunes two compiled strategies per precision: the second tier
+def test_aio_weighs_its_compiled_generation_path_against_inductors(tmp_path):
+    spec = tiny_llama()
+    records = run(RunRequest(spec, ["aio"], ["bf16", "int8"], 1, ThreadChoice(1, "--threads"), spec.shape(**SHAPE),
+                             rule=StopRule(timeout_s=0.5)), tmp_path)
+    for r in records:
+        assert r.status == "ok", r.reason
+        assert r.metrics["generation"]["recompilations"] == 0
+        tuning = r.backend_info["tuning"]
+        assert r.strategy in ("compiled", "inductor") and set(tuning["medians_ms"]) == {"compiled", "inductor"}
+    bf16 = next(r for r in records if r.precision == "bf16")
+    if bf16.strategy == "compiled":      # q/k/v and gate/up merged: 2 merges per layer
+        assert bf16.backend_info["passes"]["merge_linear"]["groups"] == 4
