@@ -131,7 +131,10 @@ def _task_agreement(task: str, ref, out) -> dict:
         # Greedy decoding: after the first different token the rest follows a different context.
         tokens_r, tokens_o = first_r.reshape(first_r.shape[0], -1), first_o.reshape(first_o.shape[0], -1)
         same = np.cumprod(tokens_r == tokens_o, axis=1)
-        return {"token_prefix": float(same.mean())}
+        result = {"token_prefix": float(same.mean())}
+        if len(ref) > 1 and len(out) > 1 and ref[1].shape == out[1].shape:   # steps fed the same tokens
+            result["teacher_forced_top1"] = float(np.mean(ref[1].argmax(-1) == out[1].argmax(-1)))
+        return result
     return {}
 
 

@@ -140,7 +140,9 @@ def _run(req: RunRequest, out_dir: Path | None, run_id: str | None, reference: b
     if reference and ("eager", "fp32") not in configs:
         configs.insert(0, ("eager", "fp32"))
     with torch.no_grad():
-        reference_output = req.spec.make_pass(_eager_fp32(module, inputs), req.shape)()
+        reference_pass = req.spec.make_pass(_eager_fp32(module, inputs), req.shape)
+        first = reference_pass()
+        reference_output = req.spec.checked_output(reference_pass, first, first)
         reference = _reference_accuracy(req, module, inputs)
     _count_flops(req)
     blank = _blank_record(req, run_id or res.new_run_id(), threads_in_effect)
@@ -298,7 +300,8 @@ def _check(cand: _Candidate, req: RunRequest, reference_output, weights: str) ->
     m, r = cand.measurement, cand.result
     if r.status != "ok" or m.first_output is None:
         return
-    check = check_outputs(req.spec.task, reference_output, m.first_output, cand.precision,
+    output = req.spec.checked_output(m.fn, m.first_output, reference_output)
+    check = check_outputs(req.spec.task, reference_output, output, cand.precision,
                     judge_agreement=not weights.startswith("random"))
     r.check = check.to_dict()
     if not check.passed:

@@ -225,6 +225,17 @@ class GreedyGeneration:
         # The tokens, and the prompt's next-token logits for numeric output checks.
         return torch.stack(tokens, 1), first_logits
 
+    def teacher_forced(self, tokens: torch.Tensor, steps: int) -> torch.Tensor:
+        """Next-token logits of the prefill and of `steps` decode steps fed `tokens` (another run's greedy
+        tokens) instead of this one's: logits comparable step by step even where greedy choices part (random
+        weights give near-flat logits, so the first tie broken differently would change every later step)."""
+        prompt_len = self.prompt.shape[1]
+        cache = self.step.new_cache(prompt_len + self.new_tokens)
+        logits = [self.step(self.prompt, cache, self.prompt_positions)]
+        for i in range(steps):
+            logits.append(self.step(tokens[:, i:i + 1], cache, torch.tensor([prompt_len + i])))
+        return torch.stack([x.float() for x in logits], 1)
+
 
 def _cache_bytes(cache) -> int | None:
     layers = getattr(cache, "layers", None) or []
@@ -269,6 +280,17 @@ class CausalLM(Encoder):
 
     def task_size(self, batch_size, shape):
         return batch_size * shape["new_tokens"]
+
+    CHECKED_STEPS = 4       # decode steps whose logits the output check compares, beside the prefill's
+
+    def checked_output(self, one_pass, output, reference):
+        """The tokens, and the logits of the prefill and the first decode steps teacher-forced with the eager
+        fp32 reference's tokens (the same inputs on both sides; a pass without the method: as it is)."""
+        if not hasattr(one_pass, "teacher_forced"):
+            return output
+        steps = min(self.CHECKED_STEPS, one_pass.new_tokens - 1)
+        with torch.no_grad():
+            return output[0], one_pass.teacher_forced(reference[0], steps)
 
     def make_pass(self, prepared, shape):
         module = getattr(prepared.fn, "_orig_mod", prepared.fn)      # under torch.compile's wrapper
