@@ -21,11 +21,12 @@ def count_flops(spec, shape: dict) -> int:
 
 
 def cached_flops(spec, shape: dict) -> int:
-    """`count_flops`, remembered on disk by model, shape and torch version."""
+    """`count_flops`, remembered on disk by model, shape (and config overrides) and torch version."""
     import torch
 
     path = cache_dir() / "flops.json"
-    key = f"{spec.name}|{json.dumps(shape, sort_keys=True)}|torch {torch.__version__}"
+    shape_key = spec.input_shape(1, shape)         # with any config override: a 2-layer Llama is not the 1B
+    key = f"{spec.name}|{json.dumps(shape_key, sort_keys=True)}|torch {torch.__version__}"
     try:
         table = json.loads(path.read_text())
     except (OSError, ValueError):
