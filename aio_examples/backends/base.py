@@ -45,7 +45,7 @@ class PrepareContext:
 
     model_name: str
     task: str
-    family: str                 # "vision" (conv nets, ViT) or "nlp"
+    family: str                 # "vision" (conv nets, ViT), "nlp" or "speech"
     shape: dict                 # the model's shape settings, e.g. {"input_size": 224}
     batch_size: int
     weights_id: str             # digest of the weights: part of every cache key
@@ -54,6 +54,9 @@ class PrepareContext:
     # backend choosing among strategies times them. The runner hands in its own (timing.time_passes), so
     # backends never import the timing layer above them.
     time_passes: Callable[[dict[str, Callable[[], Any]]], dict[str, float]] | None = None
+    # Prepared -> the zero-argument pass the runner will time (a generator's is a whole generation, not one
+    # step): what a backend choosing among strategies should time. None: one call of `fn` on its inputs.
+    make_pass: Callable[[Prepared], Callable[[], Any]] | None = None
 
     def calibration_inputs(self, example_inputs: tuple, n: int = 8) -> list[tuple]:
         """Input tuples for static int8 calibration (the example inputs when nothing better is known)."""
@@ -72,7 +75,9 @@ class Backend:
 
     def unsupported_reason(self, spec, precision: str) -> str | None:
         """Why this backend cannot run this model at this precision (None when it can)."""
-        if precision == "int4" and spec.task != "text-generation":
+        from ..models.base import is_generator     # here: importing the zoo imports torch
+
+        if precision == "int4" and not is_generator(spec.task):
             from .int8 import INT4_ONLY_GENERATION
 
             return INT4_ONLY_GENERATION

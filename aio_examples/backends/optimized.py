@@ -83,7 +83,7 @@ class AioBackend(Backend):
                 break
             try:
                 p = self._prepare_strategy(strategy, copy.deepcopy(model), example_inputs, precision, threads, ctx)
-                one_pass = lambda p=p: p.fn(*p.inputs)
+                one_pass = ctx.make_pass(p) if ctx.make_pass else (lambda p=p: p.fn(*p.inputs))
                 if p.compiles_on_first_call:
                     with torch.no_grad():
                         one_pass()

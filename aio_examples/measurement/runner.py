@@ -19,7 +19,7 @@ from ..datasets import DEFAULT_DATASET, Dataset, get_dataset
 from ..machine.contention import CONTENDED_CORES
 from ..machine.environment import capture
 from ..machine.threads import ThreadChoice, apply_threads
-from ..models import ModelSpec, file_sha256
+from ..models import ModelSpec, file_sha256, is_generator
 from . import accuracy
 from .output_check import check_outputs
 from .scenarios import GenerationScenario, LatencyScenario, Scenario
@@ -52,7 +52,7 @@ class RunRequest:
 
     def __post_init__(self):
         if self.scenario is None:
-            self.scenario = GenerationScenario() if self.spec.task == "text-generation" else LatencyScenario()
+            self.scenario = GenerationScenario() if is_generator(self.spec.task) else LatencyScenario()
         if isinstance(self.precisions, str):
             self.precisions = [self.precisions]
         for p in self.precisions:
@@ -135,7 +135,7 @@ def _run(req: RunRequest, out_dir: Path | None, run_id: str | None, reference: b
         batch_size=req.batch_size, weights_id=weights_digest(module),
         calibration=(lambda n: [inputs] * n) if req.module is not None
         else lambda n: req.dataset.calibration_inputs(req.spec, req.batch_size, req.shape, module, n),
-        time_passes=time_passes)
+        time_passes=time_passes, make_pass=lambda prepared: req.spec.make_pass(prepared, req.shape))
     configs = [(b, p) for p in req.precisions for b in req.backends]
     if reference and ("eager", "fp32") not in configs:
         configs.insert(0, ("eager", "fp32"))
