@@ -12,9 +12,11 @@ from .base import Batch, Dataset, Evaluation, LabelledDataset
 from .coco import Coco
 from .glue import Glue
 from .imagenet import ImageNet
+from .lambada import Lambada
 from .masked_text import MaskedText
 from .squad import Squad
 from .synthetic import SyntheticDataset
+from .text import Text
 
 DATASETS: dict[str, type[Dataset]] = {d.name: d for d in (
     SyntheticDataset,
@@ -23,6 +25,8 @@ DATASETS: dict[str, type[Dataset]] = {d.name: d for d in (
     Squad,
     Glue,
     MaskedText,
+    Text,
+    Lambada,
 )}
 
 # kind -> (variable of its path, variable of its labels or annotation file)
@@ -32,6 +36,8 @@ ENVIRONMENT = {
     "squad": ("SQUAD_V1_1_PATH", ""),       # "": no labels variable (os.environ.get refuses None)
     "glue": ("GLUE_TSV_PATH", ""),
     "masked-text": ("MASKED_TEXT_PATH", ""),
+    "text": ("TEXT_DATASET_PATH", ""),
+    "lambada": ("LAMBADA_PATH", ""),
 }
 
 DEFAULT_DATASET = "synthetic"
