@@ -104,6 +104,74 @@ def plot_accuracy(rows, metric: str, title: str, path: Path) -> Path:
     return save(fig, path)
 
 
+def plot_decode_roofline(rows, title: str, path: Path) -> Path:
+    """Decode tokens/s, a bar per backend grouped by precision, each labelled with its share of the roofline;
+    over each precision a dashed line at its bandwidth-bound tokens/s (`bound_tokens_per_s`). A logarithmic
+    axis when that bound is far above the bars, so both read."""
+    from ..core.precision import PRECISIONS
+
+    precisions = sorted(rows.precision.unique(), key=lambda p: (PRECISIONS.index(p) if p in PRECISIONS else 99, p))
+    backends = sorted(rows.backend.unique())
+    fig, ax = figure(max(8.0, 1.4 * len(precisions) * max(1, len(backends)) ** 0.5), 4.5)
+    width = 0.8 / len(backends)
+    labelled = set()
+    for j, backend in enumerate(backends):
+        for i, precision in enumerate(precisions):
+            sel = rows[(rows.backend == backend) & (rows.precision == precision)]
+            if sel.empty:
+                continue
+            row = sel.iloc[0]
+            x = i - 0.4 + width * (j + 0.5)
+            ax.bar(x, row.decode_tokens_per_s, width, color=f"C{j % 10}",
+                   label=None if backend in labelled else backend)
+            labelled.add(backend)
+            if _finite(row.roofline_share_pct):
+                ax.annotate(f"{row.roofline_share_pct:.1f}%", (x, row.decode_tokens_per_s), ha="center",
+                            va="bottom", fontsize=7, textcoords="offset points", xytext=(0, 2))
+    bounds = []
+    for i, precision in enumerate(precisions):
+        bound = rows[rows.precision == precision].bound_tokens_per_s.dropna()
+        if bound.empty:
+            continue
+        bounds.append(bound.median())
+        ax.hlines(bounds[-1], i - 0.45, i + 0.45, colors="black", linestyles="--",
+                  label="memory-bandwidth bound" if len(bounds) == 1 else None)
+        ax.annotate(f"{bounds[-1]:.0f}", (i + 0.45, bounds[-1]), ha="right", va="bottom", fontsize=7)
+    lowest = rows.decode_tokens_per_s[rows.decode_tokens_per_s > 0]
+    if bounds and not lowest.empty and max(bounds) / lowest.min() > 30:
+        from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    modes = dict(zip(rows.precision, rows.precision_mode))
+    ax.set_xticks(range(len(precisions)),
+                  [p + (f"\n{modes[p]}" if modes.get(p) and modes[p] != p else "") for p in precisions])
+    ax.set_ylabel("decode tokens/s (labels: % of roofline)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    return save(fig, path)
+
+
+def plot_decode_lines(rows, x: str, series: list[str], title: str, path: Path) -> Path:
+    """Decode tokens/s against `x` (prompt tokens, batch size), one line per value of the `series` columns."""
+    fig, ax = figure()
+    for key, g in rows.groupby(series, dropna=False):
+        g = g.sort_values(x)
+        label = " ".join(f"{name.replace('_tokens', '')}={v}" if name not in ("backend", "precision") else str(v)
+                         for name, v in zip(series, key if isinstance(key, tuple) else (key,)))
+        ax.plot(g[x], g.decode_tokens_per_s, marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ticks = sorted(rows[x].unique())
+    ax.set_xticks(ticks, [str(int(t)) for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel({"prompt_tokens": "prompt length (tokens)", "batch_size": "batch size"}.get(x, x))
+    ax.set_ylabel("decode tokens/s")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    return save(fig, path)
+
+
 def plot_instances(df, path: Path) -> Path | None:
     """Aggregate throughput per instance layout (N instances x T threads), per model and backend."""
     ok = df[(df.status == "ok")]

@@ -16,6 +16,10 @@ Records that scored a labelled dataset (`accuracy`) add, and only then, a column
 with its change against eager fp32 on the same samples, the table "accuracy and speed" and, per model, the
 accuracy of each backend x precision against its speedup with the Pareto front: what a faster configuration
 costs in accuracy is read off one chart.
+
+Records of text generation (`metrics.generation`) add, and only then, per-token columns beside the throughput
+(TTFT, TPOT, ITL, prefill and decode tokens/s, roofline share, KV cache), the table "Generation" and, per
+model, decode tokens/s against the memory-bandwidth roofline (reporting/generation.py).
 """
 
 import html
@@ -26,6 +30,7 @@ from pathlib import Path
 from ..core import records as res
 from ..core.paths import safe_name
 from ..core.records import KEY_FIELDS, Result
+from . import generation
 from .page import STYLE, img
 from .plots import plot_accuracy, plot_instances, plot_model, plot_suite
 
@@ -80,7 +85,7 @@ def summary_frame(records, peaks: dict | None = None):
             "strategy": r.strategy, "achieved_gflops": achieved, "contention": busy, "contended": contended,
             "prepare_s": r.prepare_s, "measured_s": r.measured_s, "host": (r.env or {}).get("hostname") or "unknown",
             "reason": r.reason or "", "timestamp": r.timestamp, "own_speedup": r.speedup_vs_eager_fp32,
-            "setting": key.setting, "accuracy": r.accuracy,
+            "setting": key.setting, "accuracy": r.accuracy, "generation": generation.block_of(r),
         })
     if not rows:
         return pd.DataFrame(columns=COLUMNS)
@@ -97,9 +102,12 @@ def summary_frame(records, peaks: dict | None = None):
             pk := (peaks.get(row["machine"]) or {}).get(row["precision"], {}).get(str(row["threads"] * row["instances"])))
         else None for _, row in df.iterrows()]
     accuracy = _accuracy_columns(df.accuracy)
+    tokens = generation.summary_columns(df.generation)
     at = COLUMNS.index("speedup_vs_eager_fp32") + 1             # beside the speedup: what it costs
-    df = df.assign(**accuracy)
-    return df.sort_values(KEYS).reset_index(drop=True)[[*COLUMNS[:at], *accuracy, *COLUMNS[at:]]]
+    unit = COLUMNS.index("unit") + 1                            # beside the throughput: per token
+    df = df.assign(**accuracy, **tokens)
+    return df.sort_values(KEYS).reset_index(drop=True)[[*COLUMNS[:unit], *tokens, *COLUMNS[unit:at], *accuracy,
+                                                        *COLUMNS[at:]]]
 
 
 def _accuracy_columns(blocks) -> dict:
@@ -258,7 +266,7 @@ def _fmt_frame(df):
         shown[name + VS_EAGER] = shown[name + VS_EAGER].map(lambda v: "" if pd.isna(v) else f"{v:+.1f}")
     if "accuracy_samples" in shown:
         shown["accuracy_samples"] = shown["accuracy_samples"].map(lambda v: "" if pd.isna(v) else f"{v:.0f}")
-    return shown
+    return generation.fmt(shown)
 
 
 def _accuracy_table(acc) -> str:
@@ -274,9 +282,10 @@ def _accuracy_table(acc) -> str:
 def write_summary(df, out: Path) -> dict:
     csv, md = out / "summary.csv", out / "summary.md"
     df.to_csv(csv, index=False)
-    # tabulate would reparse "71.0" as 71 and "+0.0" as 0: points keep their one decimal as formatted.
+    # tabulate would reparse "71.0" as 71 and "+0.0" as 0: points (and per-token figures) keep their decimals.
     md.write_text(_fmt_frame(df).drop(columns=["machine", "contended"])
-                  .to_markdown(index=False, disable_numparse=bool(accuracy_metrics(df))) + "\n")
+                  .to_markdown(index=False, disable_numparse=bool(accuracy_metrics(df))
+                               or any(c in df for c in generation.NAMES)) + "\n")
     return {"csv": csv, "md": md}
 
 
@@ -292,8 +301,9 @@ def _environments(records: list[Result]) -> list[dict]:
              "git": (e.get("git_commit") or "")[:10]} for m, e in seen.items()]
 
 
-def write_html(records, df, suite, setting, plots: dict, out: Path, acc=None) -> Path:
-    """`acc`: the accuracy frame (accuracy_frame); its section only when it has rows."""
+def write_html(records, df, suite, setting, plots: dict, out: Path, acc=None, gen=None) -> Path:
+    """`acc`: the accuracy frame (accuracy_frame), `gen` the generation frame (generation.frame); each section
+    only when its frame has rows."""
     import pandas as pd
 
     parts = [(f"<!doctype html><html><head><meta charset='utf-8'><title>aio-examples report</title>"
@@ -325,9 +335,14 @@ def write_html(records, df, suite, setting, plots: dict, out: Path, acc=None) ->
                      "other configuration of the same setting is at least as fast and as accurate (in its model's "
                      "first metric) and better in one; each model's chart under Per model plots them.</p>")
         parts.append(_accuracy_table(acc))
+    if gen is not None and not gen.empty:
+        parts.append("<h2 id='generation'>Generation</h2>")
+        parts.append(generation.INTRO)
+        parts.append(generation.table(gen))
     parts.append("<h2 id='models'>Per model</h2>")
     shown_all = _fmt_frame(df)
     scored = [c for m in accuracy_metrics(df) for c in (m, m + VS_EAGER)] + ["accuracy_samples"] * ("accuracy_samples" in df)
+    scored += [c for c in generation.NAMES if c in df]        # columns other models may have none of
     for model in sorted(df.model.unique()):
         parts.append(f"<h3>{html.escape(model)}</h3>")
         for name, path in (plots.get("models", {}).get(model) or {}).items():
@@ -368,11 +383,13 @@ def build_report(paths, out_dir, include_contended: bool = False) -> dict:
     suite, setting = suite_frame(df, include_contended)
     primary = primary_metrics(records)
     acc = accuracy_frame(df, primary)
+    gen = generation.frame(records)
     plots = {"suite": plot_suite(suite, setting, plot_dir / "suite-speedup.png"),
              "models": {m: {**plot_model(df, m, plot_dir),
-                            **(accuracy_plots(acc, m, primary[m], plot_dir) if m in primary else {})}
+                            **(accuracy_plots(acc, m, primary[m], plot_dir) if m in primary else {}),
+                            **generation.plots(gen, m, plot_dir)}
                         for m in sorted(df.model.unique())},
              "instances": plot_instances(df, plot_dir / "instances.png")}
-    written["html"] = write_html(records, df, suite, setting, plots, out, acc)
+    written["html"] = write_html(records, df, suite, setting, plots, out, acc, gen)
     written["records"] = len(records)
     return written

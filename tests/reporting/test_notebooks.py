@@ -6,13 +6,16 @@ from conftest import ROOT
 
 nbclient = pytest.importorskip("nbclient")
 
+SMALL_LLAMA = ["num_hidden_layers=2", "hidden_size=256", "intermediate_size=512", "num_attention_heads=8",
+               "num_key_value_heads=2", "head_dim=32", "vocab_size=2048"]
 SMALL = {
     "classification/examples.ipynb": 'MODELS = ["squeezenet"]\nBACKENDS = ["eager", "torchscript"]\nTIMEOUT = 0.5\n'
                                      'INPUT_SIZE = 64\nTHREADS = 1\nWEIGHTS = None',
     "object_detection/examples.ipynb": 'MODEL = "ssdlite320_mobilenet_v3"\nBACKENDS = ["eager"]\nTIMEOUT = 0.5\n'
                                        'INPUT_SIZE = 128\nTHREADS = 1\nWEIGHTS = None\nBOXES = 3',
     "nlp/examples.ipynb": 'QA_MODEL = "bert_base"\nGEN_MODEL = "gpt2"\nBACKENDS = ["eager"]\nTIMEOUT = 0.5\n'
-                          'SEQ_LEN = 32\nNEW_TOKENS = 4\nTHREADS = 1\nMODEL_DIR = None',
+                          'SEQ_LEN = 32\nNEW_TOKENS = 4\nTHREADS = 1\nMODEL_DIR = None\nLLM = "llama_3_2_1b"\n'
+                          f'LLM_CONFIG = {SMALL_LLAMA}\nLLM_BACKENDS = ["eager"]\nLLM_PRECISIONS = ["fp32", "int4"]',
 }
 
 
@@ -37,9 +40,13 @@ def images(nb) -> int:
 @pytest.mark.parametrize("path", sorted(SMALL))
 def test_example_notebook_runs_and_draws(path):
     nb = execute(path, SMALL[path])
-    assert images(nb) >= (1 if path.startswith("nlp") else 2)      # the picture (vision) and the chart
+    assert images(nb) >= 2      # the picture (vision) and the chart; two charts (nlp: speeds, decode vs roofline)
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "Random weights" in text or "random weights" in text          # said plainly
+    if path.startswith("nlp"):          # the generation table: per-token figures of each precision
+        table = "".join(o.get("data", {}).get("text/plain", "") for c in nb.cells if c.cell_type == "code"
+                        for o in c.outputs)
+        assert "ttft_p50_ms" in table and "decode_tokens_per_s" in table and "int4" in table
 
 
 def test_dashboard_runs_on_a_results_folder(small_sweep, monkeypatch):
