@@ -190,11 +190,12 @@ def _shape_overrides(args) -> dict:
 def do_sweep(args) -> int:
     from ..drivers.sweep import SweepConfig, run_sweep
 
-    shape = _shape_overrides(args)
+    shape = {k: v for k, v in _shape_overrides(args).items() if k != "new_tokens"}     # new tokens: a list axis
     overrides = {"models": args.models or None, "backends": args.backends, "precisions": args.precisions,
                  "batch_sizes": args.batch_sizes, "threads": args.threads, "allocators": args.allocators,
                  "timeout": args.timeout, "point_timeout": args.point_timeout, "output": args.output,
-                 "shape": shape or None, "repeats": args.repeats, "probe": args.probe or None,
+                 "shape": shape or None, "seq_lens": args.seq_lens, "new_tokens": args.new_tokens,
+                 "config_overrides": args.config_override, "repeats": args.repeats, "probe": args.probe or None,
                  "interleave": args.interleave, "num_samples": args.num_samples}
     if args.config:
         cfg = SweepConfig.from_toml(args.config, overrides)

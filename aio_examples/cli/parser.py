@@ -59,7 +59,12 @@ def _add_drivers(sub) -> None:
                     help="comma list of default, tcmalloc, jemalloc, hugetlb (default: default)")
     sw.add_argument("--input-size", type=positive("--input-size"), default=None)
     sw.add_argument("--seq-len", type=positive("--seq-len"), default=None)
-    sw.add_argument("--new-tokens", type=positive("--new-tokens"), default=None)
+    sw.add_argument("--seq-lens", type=ints("--seq-lens"), default=None,
+                    help="comma list of sequence (prompt) lengths, each a point of its own (models with one)")
+    sw.add_argument("--new-tokens", type=ints("--new-tokens"), default=None,
+                    help="comma list of tokens to generate, each a point of its own (text generators)")
+    sw.add_argument("--config-override", action="append", default=None, metavar="KEY=VALUE",
+                    help="change the architecture's config of every point (repeatable; see run --config-override)")
     sw.add_argument("--timeout", type=positive("--timeout", float, "seconds > 0"), default=None,
                     help="measured seconds per point (default 20)")
     sw.add_argument("--point-timeout", type=positive("--point-timeout", float, "seconds > 0"), default=None,

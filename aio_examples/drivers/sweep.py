@@ -1,10 +1,14 @@
-"""Sweeps: every point (model x backend x precision x batch x threads x allocator) in its own process.
+"""Sweeps: every point (model x shape x backend x precision x batch x threads x allocator) in its own process.
 
 Each point starts fresh so its thread settings are in place before torch starts, bound to its cores
 (see machine/binding.py), under a timeout; a point that crashes, hangs or fails still gets a record saying
 why, and the sweep goes on. Records are appended point by point, so a rerun into the same output
 resumes: points that already have a record are skipped. Exports, OpenVINO IR and the optimized
 backend's tuning decisions are cached on disk (backends/artifacts.py), so later points reuse them.
+
+Shape axes (`seq_lens`, `new_tokens`) are points of their own for the models that take that dimension; the
+architecture's `config_overrides` (`KEY=VALUE`) go to every point and are part of its configuration key,
+as they are of its record's input shape.
 """
 
 import hashlib
@@ -32,6 +36,9 @@ from .turns import Taker
 from .worker import record_failure, run_argv
 
 SHAPE_KEYS = ("input_size", "seq_len", "new_tokens")
+# Shape axes: a list of values, each a point of its own, for the models whose shape has that dimension
+# (SweepConfig key -> shape key). The single-value form is the `shape` table (--seq-len).
+SHAPE_AXES = {"seq_lens": "seq_len", "new_tokens": "new_tokens"}
 # Bounds that keep a typo from planning billions of points or processes (each point is a process of its own).
 MAX_REPEATS = 1000
 MAX_INTERLEAVE = 64
@@ -52,15 +59,22 @@ class Point:
     shape: tuple = ()                  # sorted (name, value) overrides, e.g. (("seq_len", 128),)
     repeat: int = 0                    # the same configuration again, in another process (SweepConfig.repeats)
     dataset: tuple = ()                # (kind, path, labels) to score on; () for the model's synthetic inputs
+    config: tuple = ()                 # "KEY=VALUE" overrides of the architecture's config (--config-override)
+
+    @property
+    def spec(self):
+        """The zoo entry with this point's config overrides."""
+        from ..models import get_model
+
+        return get_model(self.model).with_config(list(self.config))
 
     @cached_property
     def key(self) -> ConfigKey:
-        """The configuration this point measures, on whichever machine runs it (`machine` is "*")."""
-        from ..models import get_model
-
-        spec = get_model(self.model)
+        """The configuration this point measures, on whichever machine runs it (`machine` is "*"). Its shape is
+        the record's (`Result.shape_label`): the input shape without the batch, config overrides included."""
+        spec = self.spec
         return ConfigKey(self.model, spec.task, self.backend, self.precision, self.batch_size, self.threads, 1,
-                         self.allocator, shape_label(spec.shape(**dict(self.shape))),
+                         self.allocator, shape_label(spec.input_shape(1, spec.shape(**dict(self.shape)))),
                          "generation" if spec.task == "text-generation" else "latency",
                          self.dataset[0] if self.dataset else "synthetic", "*")
 
@@ -74,7 +88,7 @@ class Point:
     def legacy_point_id(self) -> str:
         """The point's id in release 0.1 (a digest of the sweep's own fields), so its outputs resume too."""
         fields_ = asdict(self)
-        for later in ("repeat", "dataset"):          # fields added since, left out at their defaults
+        for later in ("repeat", "dataset", "config"):      # fields added since, left out at their defaults
             if not fields_[later]:
                 del fields_[later]
         return _digest(fields_)
@@ -85,8 +99,9 @@ class Point:
         alloc = "" if self.allocator == "default" else f" [{self.allocator}]"
         again = f" (repeat {self.repeat + 1})" if self.repeat else ""
         data = f" on {self.dataset[0]}" if self.dataset else ""
+        config = f" [{' '.join(self.config)}]" if self.config else ""
         return (f"{self.model} {self.backend} {self.precision} b{self.batch_size} t{self.threads}{alloc}{extra}{data}"
-                f"{again}")
+                f"{config}{again}")
 
 
 def _names_list(name: str, values, accepted: str) -> None:
@@ -117,6 +132,9 @@ class SweepConfig:
     threads: list[int] | None = None          # None: powers of two up to the physical cores, plus that
     allocators: list[str] = field(default_factory=lambda: ["default"])
     shape: dict = field(default_factory=dict)
+    seq_lens: list[int] | None = None         # each a point of its own (models with a sequence length)
+    new_tokens: list[int] | None = None       # each a point of its own (text generators)
+    config_overrides: list[str] = field(default_factory=list)   # "KEY=VALUE", passed to every point
     timeout: float = 20.0                     # measured seconds per point
     point_timeout: float = 900.0              # seconds before a point's process is killed
     output: str = "results/sweep"
@@ -166,10 +184,10 @@ class SweepConfig:
                              f"{MAX_INTERLEAVE} (processes taking turns)")
         if not isinstance(self.probe, bool):
             raise UsageError(f"probe {self.probe!r} is invalid; accepted: true or false")
-        for name in ("batch_sizes", "threads"):
+        for name in ("batch_sizes", "threads", *SHAPE_AXES):
             values = getattr(self, name)
-            if values is None and name == "threads":
-                continue                          # auto: powers of two up to the physical cores
+            if values is None and name != "batch_sizes":
+                continue                          # threads auto: powers of two up to the physical cores
             if not isinstance(values, list) or not values:
                 raise UsageError(f"{name} {values!r} is invalid; accepted: a non-empty list of whole numbers >= 1"
                                  + (' (or "auto")' if name == "threads" else ""))
@@ -178,13 +196,45 @@ class SweepConfig:
                     raise UsageError(f"{name} value {v!r} is invalid; accepted: whole numbers >= 1")
             _no_repeats(name, values)
         for k, v in self.shape.items():
-            if k not in SHAPE_KEYS or not isinstance(v, int) or v < 1:
+            if k not in SHAPE_KEYS or not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise UsageError(f"shape {k}={v!r} is invalid; accepted: {', '.join(SHAPE_KEYS)} = whole numbers")
+        self._check_shapes()
         self._check_datasets()
         for name in ("timeout", "point_timeout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
                 raise UsageError(f"{name} {value!r} is invalid; accepted: seconds > 0 (a finite number)")
+
+    def _check_shapes(self) -> None:
+        """Shape axes and config overrides, each against every model it applies to: one line before anything runs."""
+        from ..models import get_model
+
+        for name, key in SHAPE_AXES.items():
+            if getattr(self, name) is not None and key in self.shape:
+                raise UsageError(f"{name} and shape.{key} are both given; accepted: one of them (--{name.replace('_', '-')}"
+                                 f" or --{key.replace('_', '-')})")
+        if not isinstance(self.config_overrides, list) or not all(
+                isinstance(o, str) and o.strip() for o in self.config_overrides):
+            raise UsageError(f"config_overrides {self.config_overrides!r} is invalid; accepted: a list of "
+                             '"KEY=VALUE" strings')
+        _no_repeats("config_overrides", self.config_overrides)
+        specs = {m: get_model(m).with_config(self.config_overrides) for m in self.models}
+        for name, key in SHAPE_AXES.items():
+            if getattr(self, name) is not None and not any(key in s.default_shape for s in specs.values()):
+                raise UsageError(f"{name} does not apply to {', '.join(self.models)}; accepted: models whose shape "
+                                 f"has {key} (aio-examples list)")
+        for spec in specs.values():
+            for shape in self._shapes(spec):
+                spec.shape(**shape)              # too long for the model, or not its dimension
+
+    def _shapes(self, spec) -> list[dict]:
+        """The shape overrides of `spec`'s points: the `shape` table times each axis it has a dimension for."""
+        shapes = [dict(self.shape)]
+        for name, key in SHAPE_AXES.items():
+            values = getattr(self, name)
+            if values is not None and key in spec.default_shape:
+                shapes = [{**s, key: v} for s in shapes for v in values]
+        return shapes
 
     def _check_datasets(self) -> None:
         from ..datasets import open_dataset
@@ -225,14 +275,26 @@ class SweepConfig:
             raise UsageError(f"{path}: unknown key {unknown[0]!r}; accepted: {', '.join(sorted(known))}")
         if data.get("threads") == "auto":
             data["threads"] = None
-        data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        over = {k: v for k, v in (overrides or {}).items() if v is not None}
+        shape = over.pop("shape", None) or {}
+        for name, key in SHAPE_AXES.items():     # a dimension given on the command line, in either form, wins
+            if name in over or key in shape:
+                data.pop(name, None)
+                if isinstance(data.get("shape"), dict):
+                    data["shape"] = {k: v for k, v in data["shape"].items() if k != key}
+        if shape:
+            data["shape"] = {**data["shape"], **shape} if isinstance(data.get("shape"), dict) else shape
+        data.update(over)
         return cls(**data)
 
     def points(self, default_threads: list[int]) -> list[Point]:
-        shape = tuple(sorted(self.shape.items()))
-        return [Point(m, b, p, bs, t, a, shape, r, self.dataset_of(m)) for r in range(self.repeats) for m in self.models
-                for b in self.backends for p in self.precisions for bs in self.batch_sizes
-                for t in (self.threads or default_threads) for a in self.allocators]
+        from ..models import get_model
+
+        config = tuple(self.config_overrides)
+        shapes = {m: [tuple(sorted(s.items())) for s in self._shapes(get_model(m))] for m in self.models}
+        return [Point(m, b, p, bs, t, a, shape, r, self.dataset_of(m), config) for r in range(self.repeats)
+                for m in self.models for shape in shapes[m] for b in self.backends for p in self.precisions
+                for bs in self.batch_sizes for t in (self.threads or default_threads) for a in self.allocators]
 
 
 @dataclass
@@ -286,9 +348,7 @@ class Launch:
 
 
 def launch_of(point: Point, cfg: SweepConfig, out: Path, topology, numa_cpus=None, **extra) -> Launch:
-    from ..models import get_model
-
-    spec = get_model(point.model)
+    spec = point.spec
     cores = topology.pick_cpus(point.threads, numa_cpus)
     binding = probe(plan(topology, cores))
     try:
@@ -297,7 +357,8 @@ def launch_of(point: Point, cfg: SweepConfig, out: Path, topology, numa_cpus=Non
         return Launch(point, spec, binding, unsupported=str(exc))
     argv = run_argv(point.model, dict(point.shape), backend=point.backend, precision=point.precision,
                     batch_size=point.batch_size, threads=point.threads, timeout=cfg.timeout, output=out,
-                    point_id=point.point_id, probe=cfg.probe, json=True, **_dataset_flags(point, cfg), **extra)
+                    point_id=point.point_id, probe=cfg.probe, json=True, config_override=list(point.config) or None,
+                    **_dataset_flags(point, cfg), **extra)
     return Launch(point, spec, binding, env, argv)
 
 
