@@ -75,7 +75,8 @@ class Backend:
 
     def unsupported_reason(self, spec, precision: str) -> str | None:
         """Why this backend cannot run this model at this precision (None when it can)."""
-        from ..models.base import is_generator     # here: importing the zoo imports torch
+        # imported here: importing the zoo imports torch
+        from ..models.base import is_generator
 
         if precision == "int4" and not is_generator(spec.task):
             from .int8 import INT4_ONLY_GENERATION

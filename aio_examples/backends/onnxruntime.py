@@ -42,12 +42,15 @@ class OnnxRuntimeBackend(Backend):
         return f"{' and '.join(missing)} not installed (pip install onnx onnxruntime)" if missing else None
 
     def unsupported_reason(self, spec, precision):
-        return GENERATION_REASON if spec.task == "text-generation" else super().unsupported_reason(spec, precision)
+        from ..models.base import is_generator
+
+        return GENERATION_REASON if is_generator(spec.task) else super().unsupported_reason(spec, precision)
 
     def prepare(self, model, example_inputs, precision, threads, ctx):
         from ..core import precision as prec
+        from ..models.base import is_generator
 
-        if ctx.task == "text-generation":
+        if is_generator(ctx.task):
             raise UnsupportedError(GENERATION_REASON)
         if precision == "int8":
             path, info = export_onnx(model, example_inputs, ctx, "fp32")

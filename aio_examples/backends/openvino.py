@@ -47,7 +47,9 @@ class OpenVinoBackend(Backend):
         return None
 
     def unsupported_reason(self, spec, precision):
-        if spec.task == "text-generation":
+        from ..models.base import is_generator
+
+        if is_generator(spec.task):
             return _GENERATION
         return super().unsupported_reason(spec, precision)
 

@@ -13,6 +13,7 @@ from .coco import Coco
 from .glue import Glue
 from .imagenet import ImageNet
 from .lambada import Lambada
+from .librispeech import LibriSpeech
 from .masked_text import MaskedText
 from .squad import Squad
 from .synthetic import SyntheticDataset
@@ -27,6 +28,7 @@ DATASETS: dict[str, type[Dataset]] = {d.name: d for d in (
     MaskedText,
     Text,
     Lambada,
+    LibriSpeech,
 )}
 
 # kind -> (variable of its path, variable of its labels or annotation file)
@@ -38,6 +40,7 @@ ENVIRONMENT = {
     "masked-text": ("MASKED_TEXT_PATH", ""),
     "text": ("TEXT_DATASET_PATH", ""),
     "lambada": ("LAMBADA_PATH", ""),
+    "librispeech": ("LIBRISPEECH_DATASET_PATH", ""),
 }
 
 DEFAULT_DATASET = "synthetic"

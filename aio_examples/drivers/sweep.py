@@ -72,10 +72,12 @@ class Point:
     def key(self) -> ConfigKey:
         """The configuration this point measures, on whichever machine runs it (`machine` is "*"). Its shape is
         the record's (`Result.shape_label`): the input shape without the batch, config overrides included."""
+        from ..models import is_generator
+
         spec = self.spec
         return ConfigKey(self.model, spec.task, self.backend, self.precision, self.batch_size, self.threads, 1,
                          self.allocator, shape_label(spec.input_shape(1, spec.shape(**dict(self.shape)))),
-                         "generation" if spec.task == "text-generation" else "latency",
+                         "generation" if is_generator(spec.task) else "latency",
                          self.dataset[0] if self.dataset else "synthetic", "*")
 
     @cached_property

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..models import is_generator
 from ..models.vision import detections
 
 # Minimum cosine similarity with eager fp32, per precision. Reduced precisions keep ~3 significant
@@ -127,7 +128,7 @@ def _task_agreement(task: str, ref, out) -> dict:
         return {"span": float(np.mean(start & end))}
     if task == "fill-mask":
         return {"token": float(np.mean(first_r.argmax(-1) == first_o.argmax(-1)))}
-    if task == "text-generation":
+    if is_generator(task):
         # Greedy decoding: after the first different token the rest follows a different context.
         tokens_r, tokens_o = first_r.reshape(first_r.shape[0], -1), first_o.reshape(first_o.shape[0], -1)
         same = np.cumprod(tokens_r == tokens_o, axis=1)

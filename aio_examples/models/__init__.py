@@ -1,8 +1,9 @@
 """The model zoo: one registry entry per model."""
 
 from ..core.registry import lookup
-from .base import ModelSpec, file_sha256, load_state_dict_file
+from .base import GENERATION_TASKS, ModelSpec, file_sha256, is_generator, load_state_dict_file
 from .nlp import CausalLM, Encoder
+from .speech import Whisper
 from .vision import Classifier, Detector
 
 _GENERATION_JIT = "generation passes a growing KV cache between steps, which a trace cannot capture"
@@ -54,6 +55,26 @@ ZOO: dict[str, ModelSpec] = {spec.name: spec for spec in (
                             ("rope_scaling", {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                                               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
                             ("bos_token_id", 128000), ("eos_token_id", 128001))),
+    # speech recognition (transformers): Whisper tiny and base, 30 s of audio in, tokens out (models/speech.py);
+    # random weights, or a local Whisper folder with --model-dir
+    Whisper("whisper_tiny", "speech-recognition", "tokens", {"new_tokens": 64},
+            config_class="WhisperConfig", model_class="WhisperForConditionalGeneration",
+            auto_class="WhisperForConditionalGeneration", unsupported_backends={"torchscript": _GENERATION_JIT},
+            config_kwargs=(("d_model", 384), ("encoder_layers", 4), ("decoder_layers", 4),
+                           ("encoder_attention_heads", 6), ("decoder_attention_heads", 6),
+                           ("encoder_ffn_dim", 1536), ("decoder_ffn_dim", 1536), ("num_mel_bins", 80),
+                           ("max_source_positions", 1500), ("max_target_positions", 448), ("vocab_size", 51865),
+                           ("decoder_start_token_id", 50258), ("bos_token_id", 50257), ("eos_token_id", 50257),
+                           ("pad_token_id", 50257))),
+    Whisper("whisper_base", "speech-recognition", "tokens", {"new_tokens": 64},
+            config_class="WhisperConfig", model_class="WhisperForConditionalGeneration",
+            auto_class="WhisperForConditionalGeneration", unsupported_backends={"torchscript": _GENERATION_JIT},
+            config_kwargs=(("d_model", 512), ("encoder_layers", 6), ("decoder_layers", 6),
+                           ("encoder_attention_heads", 8), ("decoder_attention_heads", 8),
+                           ("encoder_ffn_dim", 2048), ("decoder_ffn_dim", 2048), ("num_mel_bins", 80),
+                           ("max_source_positions", 1500), ("max_target_positions", 448), ("vocab_size", 51865),
+                           ("decoder_start_token_id", 50258), ("bos_token_id", 50257), ("eos_token_id", 50257),
+                           ("pad_token_id", 50257))),
 )}
 
 
@@ -61,4 +82,4 @@ def get_model(name: str) -> ModelSpec:
     return lookup(ZOO, name, "model")
 
 
-__all__ = ["ZOO", "ModelSpec", "file_sha256", "get_model", "load_state_dict_file"]
+__all__ = ["GENERATION_TASKS", "ZOO", "ModelSpec", "file_sha256", "get_model", "is_generator", "load_state_dict_file"]

@@ -6,8 +6,16 @@ from pathlib import Path
 
 from ..core.errors import UsageError
 
+# Tasks benchmarked as generation (a prompt prefilled, then tokens decoded one by one over a KV cache): the
+# generation scenario, weight-only int4, and no ONNX Runtime / OpenVINO / TorchScript (models/nlp.py, speech.py)
+GENERATION_TASKS = ("text-generation", "speech-recognition")
 VISION_ACTIVATIONS = 8     # widest feature maps / input (a ResNet's first stage: 64 x 112^2 over 3 x 224^2 is 5.3)
 HIDDEN = 768               # the zoo's base-size transformers
+
+
+def is_generator(task: str) -> bool:
+    """Whether models of `task` generate tokens (GENERATION_TASKS): a text generator, Whisper."""
+    return task in GENERATION_TASKS
 
 
 @dataclass(frozen=True)

@@ -198,25 +198,39 @@ def tensor_bytes(module: nn.Module) -> int:
 class GreedyGeneration:
     """One pass = the prompt's prefill, then greedy decoding of exactly `new_tokens` tokens (end of sequence
     ignored). Stamps the first token (TTFT) and every later one (inter-token latencies) from inside the loop,
-    and counts graphs compiled during the pass; `facts` holds the KV-cache and weight bytes."""
+    and counts graphs compiled during the pass; `facts` holds the KV-cache and weight bytes and the prompt's
+    length.
 
-    def __init__(self, step, prompt: torch.Tensor, new_tokens: int, weight_bytes: int | None = None):
+    The step is called `step(*context, tokens, cache, positions)`. `context` holds the inputs only the prefill
+    takes, before the prompt (an encoder-decoder's: Whisper's log-mel features, whose encoder then runs inside
+    the prefill and so inside TTFT); decode steps get None in their place. A causal LM has none.
+    """
+
+    def __init__(self, step, prompt: torch.Tensor, new_tokens: int, weight_bytes: int | None = None,
+                 context: tuple = ()):
         self.step, self.prompt, self.new_tokens = step, prompt, new_tokens
+        self.context, self._no_context = tuple(context), (None,) * len(context)
         self.prompt_positions = torch.arange(prompt.shape[1])
         self.pass_metrics: dict = {}
         self.facts: dict = {"weight_bytes": weight_bytes} if weight_bytes else {}
+        self.facts["prompt_tokens"] = prompt.shape[1]
+
+    def _prefill(self, cache):
+        return self.step(*self.context, self.prompt, cache, self.prompt_positions)
+
+    def _decode(self, tokens, cache, position: int):
+        return self.step(*self._no_context, tokens, cache, torch.tensor([position]))
 
     def __call__(self):
         compiled = graphs_compiled()
         start = time.perf_counter_ns()
         prompt_len = self.prompt.shape[1]
         cache = self.step.new_cache(prompt_len + self.new_tokens)
-        first_logits = self.step(self.prompt, cache, self.prompt_positions)
+        first_logits = self._prefill(cache)
         tokens = [first_logits.argmax(-1)]
         stamps = [time.perf_counter_ns()]
         for i in range(self.new_tokens - 1):
-            position = torch.tensor([prompt_len + i])
-            tokens.append(self.step(tokens[-1][:, None], cache, position).argmax(-1))
+            tokens.append(self._decode(tokens[-1][:, None], cache, prompt_len + i).argmax(-1))
             stamps.append(time.perf_counter_ns())
         self.pass_metrics = {"ttft": stamps[0] - start, "itl": [b - a for a, b in itertools.pairwise(stamps)],
                              "compiles": graphs_compiled() - compiled}
@@ -231,14 +245,16 @@ class GreedyGeneration:
         weights give near-flat logits, so the first tie broken differently would change every later step)."""
         prompt_len = self.prompt.shape[1]
         cache = self.step.new_cache(prompt_len + self.new_tokens)
-        logits = [self.step(self.prompt, cache, self.prompt_positions)]
+        logits = [self._prefill(cache)]
         for i in range(steps):
-            logits.append(self.step(tokens[:, i:i + 1], cache, torch.tensor([prompt_len + i])))
+            logits.append(self._decode(tokens[:, i:i + 1], cache, prompt_len + i))
         return torch.stack([x.float() for x in logits], 1)
 
 
 def _cache_bytes(cache) -> int | None:
-    layers = getattr(cache, "layers", None) or []
+    """Bytes of a static cache's keys and values (an encoder-decoder's: its self- and cross-attention caches)."""
+    caches = [getattr(cache, n) for n in ("self_attention_cache", "cross_attention_cache") if hasattr(cache, n)]
+    layers = [layer for c in caches or [cache] for layer in getattr(c, "layers", None) or []]
     tensors = [t for layer in layers for t in (getattr(layer, "keys", None), getattr(layer, "values", None))
                if isinstance(t, torch.Tensor)]
     return sum(t.numel() * t.element_size() for t in tensors) or None
@@ -293,9 +309,16 @@ class CausalLM(Encoder):
             return output[0], one_pass.teacher_forced(reference[0], steps)
 
     def make_pass(self, prepared, shape):
+        """Greedy generation of the prepared step: the last input is the prompt, any before it the prefill's
+        context (GreedyGeneration)."""
         module = getattr(prepared.fn, "_orig_mod", prepared.fn)      # under torch.compile's wrapper
-        weights = tensor_bytes(module) if isinstance(module, nn.Module) else None
-        return GreedyGeneration(prepared.fn, prepared.inputs[0], shape["new_tokens"], weights)
+        weights = tensor_bytes(self.decode_weights(module)) if isinstance(module, nn.Module) else None
+        return GreedyGeneration(prepared.fn, prepared.inputs[-1], shape["new_tokens"], weights,
+                                context=prepared.inputs[:-1])
+
+    def decode_weights(self, step: nn.Module) -> nn.Module:
+        """The weights every decoded token reads (for the memory-bandwidth roofline): a causal LM's are all."""
+        return step
 
     def memory_estimate(self, batch_size, shape):
         """The fp32 weights (counted on the meta device: nothing allocated), one copy a backend makes, the

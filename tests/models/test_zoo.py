@@ -5,7 +5,7 @@ import torch
 
 from aio_examples.backends import Prepared
 from aio_examples.measurement.timing import consume
-from aio_examples.models import ZOO, get_model
+from aio_examples.models import ZOO, get_model, is_generator
 
 SMALL = {"image-classification": {"input_size": 64}, "object-detection": {"input_size": 128}}
 SMALL_SIZES = {"inception_v3": {"input_size": 80}, "vit_b_16": {"input_size": 224}}
@@ -13,7 +13,8 @@ REQUIRED = {"resnet_50_v1", "resnet_18", "mobilenet_v2", "mobilenet_v3_large", "
             "inception_v3", "squeezenet", "efficientnet_b0", "vit_b_16", "ssdlite320_mobilenet_v3",
             "fasterrcnn_mobilenet_v3_fpn", "retinanet_resnet50_fpn", "bert_base", "distilbert_base",
             "roberta_base", "gpt2"}
-FOLDERS = {"image-classification": "classification", "object-detection": "object_detection"}
+FOLDERS = {"image-classification": "classification", "object-detection": "object_detection",
+           "speech-recognition": "speech"}
 
 
 def test_the_zoo_has_every_required_model_with_a_run_py():
@@ -31,7 +32,8 @@ def test_the_zoo_has_every_required_model_with_a_run_py():
 def test_model_builds_and_runs_one_eager_pass(name):
     spec = ZOO[name]
     overrides = SMALL_SIZES.get(name) or SMALL.get(spec.task) or (
-        {"seq_len": 8, "new_tokens": 2} if spec.task == "text-generation" else {"seq_len": 16})
+        {"new_tokens": 2} if spec.task == "speech-recognition"       # always 30 s of audio
+        else {"seq_len": 8, "new_tokens": 2} if spec.task == "text-generation" else {"seq_len": 16})
     shape = spec.shape(**overrides)
     module = spec.build(shape=shape)
     assert not module.training
@@ -45,13 +47,13 @@ def test_model_builds_and_runs_one_eager_pass(name):
         assert len(out) == 2 and {"boxes", "scores", "labels"} <= set(out[0])
     elif spec.task == "question-answering":
         assert [t.shape for t in out] == [(2, 16), (2, 16)]
-    elif spec.task == "text-generation":
+    elif is_generator(spec.task):
         tokens, first_logits = out          # generated tokens, and the prompt's next-token logits
         assert tokens.shape == (2, 2) and first_logits.shape == (2, module.model.config.vocab_size)
         assert torch.equal(tokens[:, 0], first_logits.argmax(-1))
     else:
         assert out[0].shape[0] == 2
-    assert spec.task_size(2, shape) == (4 if spec.task == "text-generation" else 2)
+    assert spec.task_size(2, shape) == (4 if is_generator(spec.task) else 2)
 
 
 def test_random_weights_are_the_same_in_every_build():

@@ -8,6 +8,7 @@ figures come from the loop, not from wall time divided by tokens. A record gets 
 - `itl_ms`: inter-token latency, every gap between two decoded tokens of every pass;
 - `tpot_ms`: time per output token after the first, per pass ((end to end - TTFT) / (new tokens - 1));
 - `e2e_ms`: the whole generation, per pass;
+- `prompt_tokens`: the prompt's length (`--seq-len`; Whisper's: its 4 start-of-transcript tokens);
 - prefill and decode tokens/s (batch x prompt / TTFT, batch / TPOT, at the medians), the KV-cache bytes,
   the bytes of weights a decode step reads and, with the machine's memory bandwidth, the share of that
   roofline the decode reached;
@@ -39,7 +40,8 @@ class GenerationScenario(Scenario):
         if not ttft:
             return
         shape = result.input_shape
-        batch, prompt, new = shape["batch_size"], shape["seq_len"], shape["new_tokens"]
+        # the pass's own prompt length (Whisper's shape has none: its prompt is the start-of-transcript tokens)
+        batch, prompt, new = shape["batch_size"], facts.get("prompt_tokens", shape.get("seq_len")), shape["new_tokens"]
         e2e = measurement.samples_ns
         tpot = [(total - first) / (new - 1) for total, first in zip(e2e, ttft, strict=True)] if new > 1 else []
         gen = {"prompt_tokens": prompt, "new_tokens": new, "batch_size": batch,
