@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..core import scores
 from ..core.errors import UsageError
 from ..core.records import KEY_FIELDS, Result
 from ..drivers.worker import split_items
@@ -294,24 +295,28 @@ def judge_accuracy(base: Result, new: Result, tolerances: dict) -> dict | None:
         return None
     # Rounded: 0.712 - 0.707 is 0.0050000000000000044 in floats, and a fall of exactly the tolerance is within it.
     metrics = {m: {"baseline": ma[m], "new": mb[m], "change": round(mb[m] - ma[m], 9),
-                   "tolerance": tolerance_of(tolerances, m)} for m in common}
+                   "loss": round(scores.loss(m, ma[m], mb[m]), 9), "tolerance": tolerance_of(tolerances, m)}
+               for m in common}
     out = {"metrics": metrics, "samples": [(r.accuracy or {}).get("samples") for r in (base, new)]}
     da, db = (((r.accuracy or {}).get("dataset") or {}).get("digest") for r in (base, new))
     if da and db and da != db:
         return {**out, "verdict": "suspicious",
                 "why": f"scored on different samples (dataset digest {da[:10]} vs {db[:10]}): not comparable"}
-    fell = [m for m, x in metrics.items() if x["change"] < -x["tolerance"]]
-    rose = [m for m, x in metrics.items() if x["change"] > x["tolerance"]]
+    fell = [m for m, x in metrics.items() if x["loss"] > x["tolerance"]]         # worse: lower, or higher for
+    rose = [m for m, x in metrics.items() if x["loss"] < -x["tolerance"]]        # an error rate (core/scores.py)
     judged = fell or rose
     if not judged:
         return {**out, "verdict": "unchanged", "why": "every metric within its tolerance"}
     return {**out, "verdict": "regression" if fell else "improvement",
             "why": "; ".join(f"{accuracy_line(m, metrics[m])}, beyond its tolerance of "
-                             f"{100 * metrics[m]['tolerance']:g} pt" for m in judged)}
+                             f"{scores.shown_loss(m, metrics[m]['tolerance'])}" for m in judged)}
 
 
 def accuracy_line(metric: str, x: dict) -> str:
-    """`top_1 71.2 -> 70.4 (-0.8 pt)`: a metric's change in points, as reports show it."""
+    """`top_1 71.2 -> 70.4 (-0.8 pt)`: a metric's change in points, as reports show it (a perplexity's in %)."""
+    if metric in scores.UNBOUNDED:
+        return (f"{metric} {scores.shown(metric, x['baseline'])} -> {scores.shown(metric, x['new'])} "
+                f"({100 * x['change'] / x['baseline']:+.1f}%)" if x["baseline"] else f"{metric} -> {x['new']}")
     return f"{metric} {100 * x['baseline']:.1f} -> {100 * x['new']:.1f} ({100 * x['change']:+.1f} pt)"
 
 

@@ -454,8 +454,11 @@ def _accuracy_cell(r: Result) -> str:
     """Task metrics in points, each with its change from eager fp32 on the same samples."""
     if not r.accuracy or not r.accuracy.get("metrics"):
         return "-"
+    from .scores import UNBOUNDED, shown
+
     delta = r.accuracy.get("delta_vs_eager_fp32") or {}
-    return " ".join(f"{k} {100 * v:.1f}" + (f" ({100 * delta[k]:+.1f})" if k in delta else "")
+    return " ".join(f"{k} {shown(k, v)}" + (f" ({delta[k]:+.3g})" if k in UNBOUNDED and k in delta else
+                                            f" ({100 * delta[k]:+.1f})" if k in delta else "")
                     for k, v in r.accuracy["metrics"].items())
 
 

@@ -8,17 +8,15 @@ does not fit stops the run before anything is measured.
 import time
 from pathlib import Path
 
-from ..core import interrupts
+from ..core import interrupts, scores
 from ..core.paths import safe_name, write_json_atomic
 from ..core.precision import PRECISIONS
 from .output_check import flatten
 
-# Largest drop of any metric below eager fp32 on the same samples, as a fraction (0.005 = 0.5 points), per
-# precision: fp32 backends should only reorder float sums; reduced precisions are allowed one point, MLPerf's
-# int8 rule (99% of fp32's top-1) on a ResNet-50 at 76%.
+# Largest loss of any score against eager fp32 on the same samples (core/scores.py: 0.005 = 0.5 points, or
+# 0.5% of a perplexity), per precision: fp32 backends should only reorder float sums; reduced precisions are
+# allowed one point, MLPerf's int8 rule (99% of fp32's top-1) on a ResNet-50 at 76%.
 DROP_MAX = dict.fromkeys(PRECISIONS, 0.01) | {"fp32": 0.005}
-# Metrics where less is better: for them a rise is the drop the allowance bounds.
-LOWER_IS_BETTER = {"wer", "perplexity", "nll"}
 
 
 def score(dataset, spec, module, prepared, batch_size: int, shape: dict) -> tuple[dict, object, int, float]:
@@ -45,17 +43,16 @@ def block(dataset, metrics: dict, samples: int, seconds: float, reference: dict 
 
 
 def verdict(accuracy: dict, precision: str) -> str | None:
-    """Why a configuration's metrics fall too far behind eager fp32's (below it, or above it for a metric in
-    LOWER_IS_BETTER), or None when they do not."""
+    """Why a configuration's scores fall too far behind eager fp32's on the same samples (below it, or above
+    it for an error rate or perplexity: core/scores.py), or None when they do not."""
     limit = DROP_MAX[precision]
-    for name, delta in (accuracy.get("delta_vs_eager_fp32") or {}).items():
-        if name in LOWER_IS_BETTER and delta > limit:
-            return (f"{name} {accuracy['metrics'][name]:.4g} is {delta:.4g} above eager fp32's "
-                    f"{accuracy['reference'][name]:.4g} on the same samples ({precision} allows {limit:.4g})")
-        if name not in LOWER_IS_BETTER and delta < -limit:
-            return (f"{name} {100 * accuracy['metrics'][name]:.1f} is {-100 * delta:.1f} points below eager fp32's "
-                    f"{100 * accuracy['reference'][name]:.1f} on the same samples ({precision} allows "
-                    f"{100 * limit:.1f})")
+    for name, value in accuracy["metrics"].items():
+        reference = (accuracy.get("reference") or {}).get(name)
+        if reference is not None and scores.loss(name, reference, value) > limit:
+            worse = "above" if name in scores.LOWER_IS_BETTER else "below"
+            return (f"{name} {scores.shown(name, value)} is {scores.shown_loss(name, scores.loss(name, reference, value))} "
+                    f"{worse} eager fp32's {scores.shown(name, reference)} on the same samples ({precision} allows "
+                    f"{scores.shown_loss(name, limit)})")
     return None
 
 

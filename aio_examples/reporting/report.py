@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ..core import records as res
+from ..core import scores
 from ..core.paths import safe_name
 from ..core.records import KEY_FIELDS, Result
 from . import generation
@@ -111,13 +112,14 @@ def summary_frame(records, peaks: dict | None = None):
 
 
 def _accuracy_columns(blocks) -> dict:
-    """Each task metric in points and its change against eager fp32 in points, then the samples scored; no
+    """Each task metric in points (perplexity as it is) and its change against eager fp32, then the samples scored; no
     column at all when no record scored a labelled dataset, so those reports keep their columns."""
     blocks = [b or {} for b in blocks]
     names = list(dict.fromkeys(m for b in blocks for m in b.get("metrics") or {}))
 
     def points(part, name):
-        return [None if (v := (b.get(part) or {}).get(name)) is None else round(100 * v, 4) for b in blocks]
+        scale = 1 if name in scores.UNBOUNDED else 100          # a perplexity is shown as it is
+        return [None if (v := (b.get(part) or {}).get(name)) is None else round(scale * v, 4) for b in blocks]
 
     columns = {}
     for name in names:
