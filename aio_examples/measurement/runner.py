@@ -204,7 +204,7 @@ def _blank_record(req: RunRequest, run_id: str, threads_in_effect: int) -> res.R
 
 
 def _count_flops(req: RunRequest) -> None:
-    if req.module is not None:
+    if req.module is not None or req.model_dir is not None:    # the zoo entry's FLOPs are not a folder's model's
         return
     from .flops import cached_flops
 
