@@ -191,3 +191,15 @@ def test_malformed_folders_fail_on_opening_in_one_line(librispeech, kind, messag
 def test_labels_are_refused(librispeech):
     with pytest.raises(UsageError, match="takes no --labels"):
         open_dataset("librispeech", str(librispeech), labels=str(librispeech))
+
+
+def test_a_rise_of_the_word_error_rate_is_the_loss_the_verdict_bounds():
+    from aio_examples.measurement import accuracy
+
+    def block(reference, found):
+        return {"metrics": {"wer": found}, "reference": {"wer": reference},
+                "delta_vs_eager_fp32": {"wer": round(found - reference, 6)}}
+
+    assert accuracy.verdict(block(0.10, 0.13), "int8") is not None          # 3 points more errors
+    assert accuracy.verdict(block(0.10, 0.07), "int8") is None              # fewer errors: no loss
+    assert accuracy.verdict(block(0.10, 0.10), "fp32") is None
