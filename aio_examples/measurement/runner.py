@@ -123,9 +123,19 @@ def run(req: RunRequest, out_dir: Path | None = None, run_id: str | None = None,
         return _run(req, out_dir, run_id, reference)
 
 
+# Graphs torch.compile may keep per function. Every compiled configuration of a run (backends x precisions,
+# and the strategies aio tunes among) adds graphs for the same forward functions; past torch's default of 8,
+# dynamo silently runs the function uncompiled, and a record would call eager timings compiled ones.
+RECOMPILE_LIMIT = 256
+
+
 def _run(req: RunRequest, out_dir: Path | None, run_id: str | None, reference: bool) -> list[res.Result]:
     import torch
+    import torch._dynamo.config
 
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit,
+                                                           4 * RECOMPILE_LIMIT)
     threads_in_effect = apply_threads(req.threads.threads)
     module = req.module if req.module is not None else req.spec.build(req.weights, req.model_dir, req.shape)
     module.eval()
