@@ -14,7 +14,9 @@ from ..models.vision import detections
 
 # Minimum cosine similarity with eager fp32, per precision. Reduced precisions keep ~3 significant
 # digits (bf16: 8 mantissa bits), int8 fewer; deep networks accumulate that error layer by layer.
-COSINE_MIN = {"fp32": 0.9999, "bf16": 0.98, "fp16": 0.99, "int8": 0.95, "int4": 0.9}
+# int4 (weight-only, groups of 128): a 4-layer Llama 3.2 1B with random weights gave 0.870 on eager, inductor
+# and aio alike (the quantization's own error, the kernels agreeing), so 0.8.
+COSINE_MIN = {"fp32": 0.9999, "bf16": 0.98, "fp16": 0.99, "int8": 0.95, "int4": 0.8}
 # Minimum task agreement (e.g. top-1 agreement), judged only with real weights: random weights
 # give near-tied scores whose order any rounding may flip, so there it is reported, not judged.
 AGREEMENT_MIN = {"fp32": 0.99, "bf16": 0.9, "fp16": 0.9, "int8": 0.8, "int4": 0.7}

@@ -179,15 +179,19 @@ def graphs_compiled() -> int:
 
 
 def tensor_bytes(module: nn.Module) -> int:
-    """Bytes of a module's weights as stored (each shared tensor once), counting the packed inner tensors of
-    quantized tensor subclasses (torchao's int8/int4 weights), not the dtype they present."""
+    """Bytes of weights a decoded token reads, as stored: each shared tensor once, the packed inner tensors of
+    quantized tensor subclasses (torchao's int8/int4 weights) rather than the dtype they present, and an
+    embedding table only where an output layer shares it (otherwise a token reads one row of it: after
+    weight-only quantization unties Llama's, its bf16 table is half of a small model's bytes, none of it read)."""
     def nbytes(t):
         if hasattr(t, "__tensor_flatten__"):
             names, _ = t.__tensor_flatten__()
             return sum(nbytes(getattr(t, n)) for n in names)
         return t.numel() * t.element_size()
 
-    seen, total = set(), 0
+    read_rows_only = {id(m.weight) for m in module.modules() if isinstance(m, nn.Embedding)}
+    read_rows_only -= {id(m.weight) for m in module.modules() if isinstance(m, nn.Linear)}
+    seen, total = set(read_rows_only), 0
     for t in [*module.parameters(), *module.buffers()]:
         if id(t) not in seen:
             seen.add(id(t))
