@@ -10,11 +10,11 @@ from .optimized import AioBackend
 from .torchscript import TorchScriptBackend
 
 # The engines are built first: the optimized backend runs its strategies on these same instances.
-_inductor, _onnxruntime, _openvino = InductorBackend(), OnnxRuntimeBackend(), OpenVinoBackend()
+_eager, _inductor, _onnxruntime, _openvino = EagerBackend(), InductorBackend(), OnnxRuntimeBackend(), OpenVinoBackend()
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
-    AioBackend(engines={"onnxruntime": _onnxruntime, "openvino": _openvino, "inductor": _inductor}),
-    EagerBackend(),
+    AioBackend(engines={"onnxruntime": _onnxruntime, "openvino": _openvino, "inductor": _inductor, "eager": _eager}),
+    _eager,
     TorchScriptBackend(),
     _inductor,
     _onnxruntime,

@@ -117,7 +117,7 @@ def test_aio_weighs_its_compiled_generation_path_against_inductors(tmp_path):
         assert r.status == "ok", r.reason
         assert r.metrics["generation"]["recompilations"] == 0
         tuning = r.backend_info["tuning"]
-        assert r.strategy in ("compiled", "inductor") and set(tuning["medians_ms"]) == {"compiled", "inductor"}
+        assert r.strategy in ("compiled", "inductor", "eager") and set(tuning["medians_ms"]) == {"compiled", "inductor", "eager"}
     bf16 = next(r for r in records if r.precision == "bf16")
     if bf16.strategy == "compiled":      # q/k/v and gate/up merged: 2 merges per layer
         assert bf16.backend_info["passes"]["merge_linear"]["groups"] == 4
