@@ -60,8 +60,13 @@ class Encoder(ModelSpec):
     config_kwargs: tuple = ()
 
     def _config(self):
-        return getattr(load_transformers(), self.config_class)(**{**dict(self.config_kwargs),
-                                                                   **dict(self.config_overrides)})
+        kwargs = {**dict(self.config_kwargs), **dict(self.config_overrides)}
+        # A vocabulary made smaller by an override leaves the entry's special token ids outside it (Llama's
+        # 128000): they go, unless the override set them too.
+        for key in ("bos_token_id", "eos_token_id"):
+            if key not in dict(self.config_overrides) and kwargs.get(key, -1) >= kwargs.get("vocab_size", 1 << 62):
+                kwargs[key] = None
+        return getattr(load_transformers(), self.config_class)(**kwargs)
 
     def with_config(self, overrides):
         """`KEY=VALUE` overrides (a quick look at any shape: `num_hidden_layers=2`): the key must be a field of
