@@ -36,11 +36,7 @@ class InductorBackend(Backend):
         one for every decode step (cache positions are tensors, so no step recompiles), weights frozen."""
         import torch
 
-        if precision in ("int8", "int4"):
-            model, mode, qinfo = quantize.weight_only(model, precision)
-            info.update(qinfo)
-        else:
-            model, _, mode = prec.cast(model, example_inputs, precision)
-        info["dynamic"] = False
+        model, mode, qinfo = quantize.generation_weights(model, example_inputs, precision)
+        info.update(qinfo, dynamic=False)
         compiled = torch.compile(model, backend="inductor", dynamic=False)
         return Prepared(compiled, example_inputs, mode, info, compiles_on_first_call=True)

@@ -203,15 +203,10 @@ def _compiled_generation(model, example_inputs, precision, options) -> Prepared:
     import torch
 
     from .. import aio_compile
-    from ..core import precision as prec
-    from .int8 import weight_only
+    from .int8 import generation_weights
 
-    info = {"dynamic": False}
-    if precision in ("int8", "int4"):
-        model, mode, qinfo = weight_only(model, precision)
-        info.update(qinfo)
-    else:
-        model, _, mode = prec.cast(model, example_inputs, precision)
+    model, mode, info = generation_weights(model, example_inputs, precision)
+    info["dynamic"] = False
     aio_compile.resolve_options(options)
     info["provider"] = aio_compile.register()
     compiled = torch.compile(model, backend="aio", options=options, dynamic=False)

@@ -144,6 +144,17 @@ def tokenizer_of(dataset: Dataset, module):
     return tokenizer
 
 
+def load_image(path: Path, transform):
+    """`transform` of the image file at `path`, or one line saying it cannot be decoded."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            return transform(image)
+    except OSError as exc:
+        raise UsageError(f"image {str(path)!r} cannot be decoded ({exc}); accepted: an image file") from None
+
+
 def read_text(path: Path, what: str) -> str:
     """A dataset file's text, or one line saying why it cannot be read."""
     try:

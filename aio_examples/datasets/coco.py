@@ -8,7 +8,7 @@ Predictions are written as COCO results JSON, which pycocotools (or anyone) resc
 from ..core.errors import UsageError
 from ..models.vision import detections
 from . import metrics
-from .base import Evaluation, LabelledDataset, read_json
+from .base import Evaluation, LabelledDataset, load_image, read_json
 
 ANNOTATIONS = "a COCO instances JSON file (images, annotations, categories)"
 
@@ -45,17 +45,12 @@ class Coco(LabelledDataset):
 
     def _inputs(self, spec, shape, module, samples):
         import torch
-        from PIL import Image
 
         transform = spec.preprocess(shape)
         self._scales = {}
         tensors = []
         for path, image_id in samples:
-            try:
-                with Image.open(path) as image:
-                    tensor, self._scales[image_id] = transform(image)
-            except OSError as exc:
-                raise UsageError(f"image {str(path)!r} cannot be decoded ({exc}); accepted: an image file") from None
+            tensor, self._scales[image_id] = load_image(path, transform)
             tensors.append(tensor)
         return (torch.stack(tensors),)
 

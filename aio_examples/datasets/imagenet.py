@@ -13,7 +13,7 @@ import numpy as np
 from ..compat.torchvision_shim import ensure_torchvision
 from ..core.errors import UsageError
 from . import metrics
-from .base import Evaluation, LabelledDataset, read_text
+from .base import Evaluation, LabelledDataset, load_image, read_text
 
 CLASSES = 1000
 LABELS_FORMAT = "a labels file of lines 'IMAGE_FILE CLASS' with CLASS a whole number 0..999"
@@ -69,17 +69,9 @@ class ImageNet(LabelledDataset):
 
     def _inputs(self, spec, shape, module, samples):
         import torch
-        from PIL import Image
 
         transform = spec.preprocess(shape)
-        tensors = []
-        for path, _ in samples:
-            try:
-                with Image.open(path) as image:
-                    tensors.append(transform(image))
-            except OSError as exc:
-                raise UsageError(f"image {str(path)!r} cannot be decoded ({exc}); accepted: an image file") from None
-        return (torch.stack(tensors),)
+        return (torch.stack([load_image(path, transform) for path, _ in samples]),)
 
     def _target(self, sample):
         return (str(sample[0].relative_to(self.path)), sample[1])
