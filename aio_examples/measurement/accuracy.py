@@ -7,6 +7,7 @@ does not fit stops the run before anything is measured.
 
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from ..core import interrupts, scores
 from ..core.paths import safe_name, write_json_atomic
@@ -19,8 +20,17 @@ from .output_check import flatten
 DROP_MAX = dict.fromkeys(PRECISIONS, 0.01) | {"fp32": 0.005}
 
 
-def score(dataset, spec, module, prepared, batch_size: int, shape: dict) -> tuple[dict, object, int, float]:
-    """(metrics, predictions, samples, seconds) of one prepared configuration over the whole dataset."""
+class Scored(NamedTuple):
+    """One configuration scored over the whole dataset."""
+
+    metrics: dict
+    predictions: object
+    samples: int
+    seconds: float
+
+
+def score(dataset, spec, module, prepared, batch_size: int, shape: dict) -> Scored:
+    """One prepared configuration scored over the whole dataset."""
     evaluation = dataset.evaluation(spec, module)
     start, samples = time.perf_counter(), 0
     for batch in dataset.batches(spec, batch_size, shape, module):
@@ -29,17 +39,16 @@ def score(dataset, spec, module, prepared, batch_size: int, shape: dict) -> tupl
         drive = getattr(dataset, "drive", None)     # a generator's dataset steps the model itself
         evaluation.add(batch, drive(prepared.fn, inputs) if drive else flatten(prepared.fn(*inputs)))
         samples += batch.count
-    return evaluation.metrics(), evaluation.predictions(), samples, time.perf_counter() - start
+    return Scored(evaluation.metrics(), evaluation.predictions(), samples, time.perf_counter() - start)
 
 
-def block(dataset, metrics: dict, samples: int, seconds: float, reference: dict | None,
-          predictions_file: Path | None) -> dict:
-    """The record's `accuracy` block."""
-    delta = ({k: round(v - reference[k], 6) for k, v in metrics.items() if k in reference}
+def block(dataset, scored: Scored, reference: dict | None, predictions_file: Path | None) -> dict:
+    """The record's `accuracy` block; `reference` is eager fp32's metrics on the same samples."""
+    delta = ({k: round(v - reference[k], 6) for k, v in scored.metrics.items() if k in reference}
              if reference is not None else None)
-    return {"metrics": {k: round(v, 6) for k, v in metrics.items()}, "samples": samples,
+    return {"metrics": {k: round(v, 6) for k, v in scored.metrics.items()}, "samples": scored.samples,
             "dataset": dataset.describe(), "predictions": str(predictions_file) if predictions_file else None,
-            "reference": reference, "delta_vs_eager_fp32": delta, "seconds": round(seconds, 2)}
+            "reference": reference, "delta_vs_eager_fp32": delta, "seconds": round(scored.seconds, 2)}
 
 
 def verdict(accuracy: dict, precision: str) -> str | None:

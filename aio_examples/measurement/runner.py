@@ -10,7 +10,7 @@ from pathlib import Path
 from ..backends import BACKENDS, PrepareContext, get_backend
 from ..backends.artifacts import weights_digest
 from ..compat.torchvision_shim import torchvision_status
-from ..core import interrupts
+from ..core import interrupts, scores
 from ..core import precision as prec
 from ..core import records as res
 from ..core.errors import UnsupportedError, UsageError
@@ -321,19 +321,18 @@ def _check(cand: _Candidate, req: RunRequest, reference_output, weights: str) ->
         r.status, r.reason = "fail_accuracy", check.reason
 
 
-def _reference_accuracy(req: RunRequest, module, inputs) -> dict | None:
+def _reference_accuracy(req: RunRequest, module, inputs) -> accuracy.Scored | None:
     """Eager fp32's metrics over the dataset, before any backend is prepared: a dataset that cannot be read
     or does not fit the model stops the run here, with nothing measured yet."""
     if not req.dataset.labelled:
         return None
     logger.info("scoring eager fp32 on %s (%d samples)", req.dataset.name, len(req.dataset.samples))
-    metrics, predictions, samples, seconds = accuracy.score(req.dataset, req.spec, module, _eager_fp32(module, inputs),
-                                                            req.batch_size, req.shape)
-    logger.info("eager fp32: %s", ", ".join(f"{k} {100 * v:.2f}" for k, v in metrics.items()))
-    return {"metrics": metrics, "predictions": predictions, "samples": samples, "seconds": seconds}
+    scored = accuracy.score(req.dataset, req.spec, module, _eager_fp32(module, inputs), req.batch_size, req.shape)
+    logger.info("eager fp32: %s", ", ".join(f"{k} {scores.shown(k, v)}" for k, v in scored.metrics.items()))
+    return scored
 
 
-def _accuracy(active: list[_Candidate], req: RunRequest, module, reference: dict, out_dir: Path | None,
+def _accuracy(active: list[_Candidate], req: RunRequest, module, reference: accuracy.Scored, out_dir: Path | None,
               run_id: str) -> KeyboardInterrupt | None:
     """Score every measured configuration on the dataset (after all timing, so it never disturbs it); a
     drop below eager fp32 beyond its precision's allowance makes it fail_accuracy. Ctrl-C stops scoring:
@@ -346,7 +345,7 @@ def _accuracy(active: list[_Candidate], req: RunRequest, module, reference: dict
             continue
         try:
             if (cand.backend, cand.precision) == ("eager", "fp32"):
-                found = reference["metrics"], reference["predictions"], reference["samples"], reference["seconds"]
+                found = reference            # the same module on the same samples: scored once
             else:
                 logger.info("scoring %s/%s on %s", cand.backend, cand.precision, req.dataset.name)
                 with torch.no_grad():
@@ -359,9 +358,8 @@ def _accuracy(active: list[_Candidate], req: RunRequest, module, reference: dict
         except Exception as exc:  # noqa: BLE001  (a backend failing on a later batch: its record says why)
             r.status, r.reason = "failed", "scoring the dataset: " + _classify(exc)[1]
             continue
-        metrics, predictions, samples, seconds = found
-        saved = accuracy.save_predictions(out_dir, run_id, cand.backend, cand.precision, predictions)
-        r.accuracy = accuracy.block(req.dataset, metrics, samples, seconds, reference["metrics"], saved)
+        saved = accuracy.save_predictions(out_dir, run_id, cand.backend, cand.precision, found.predictions)
+        r.accuracy = accuracy.block(req.dataset, found, reference.metrics, saved)
         why = accuracy.verdict(r.accuracy, cand.precision)
         if why and r.status == "ok":
             r.status, r.reason = "fail_accuracy", why
