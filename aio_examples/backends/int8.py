@@ -135,7 +135,7 @@ def weight_only(model, precision: str):
             from torchao.quantization import Int8WeightOnlyConfig, quantize_
     except ImportError as exc:
         raise UnsupportedError(f"weight-only {precision} needs torchao ({exc}); pip install torchao") from None
-    hf_conv1d_to_linear(model)
+    converted = hf_conv1d_to_linear(model)
     model = model.to(torch.bfloat16)
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     if precision == "int8":
@@ -155,6 +155,8 @@ def weight_only(model, precision: str):
             "linears_left_bf16": len(linears) - len(chosen)}
     if precision == "int4":
         info["group_size"] = INT4_GROUP
+    if converted:
+        info["conv1d_converted_to_linear"] = converted
     return model, mode, info
 
 
