@@ -39,6 +39,18 @@ def _like(new, ref):
     return new.to(dtype=ref.dtype, memory_format=torch.channels_last if channels_last else torch.preserve_format)
 
 
+def held_bytes(model) -> int:
+    """Bytes of a module's parameters and buffers, each storage once (tied weights share one)."""
+    seen, total = set(), 0
+    for t in [*model.parameters(), *model.buffers()]:
+        key = (t.untyped_storage().data_ptr(), t.device) if not hasattr(t, "__tensor_flatten__") else id(t)
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes() if not hasattr(t, "__tensor_flatten__") else \
+                t.numel() * t.element_size()
+    return total
+
+
 @dataclass(frozen=True)
 class PrepareContext:
     """What a backend may need to know about the model beyond the module and its inputs."""
@@ -68,6 +80,9 @@ class Backend:
 
     name: str = ""
     description: str = ""
+    # Copies of its working weights a prepared configuration holds: compiling with freezing keeps folded or
+    # repacked constants beside the module's own (inductor, aio), a runtime keeps its session's.
+    copies_held: float = 1.0
 
     def unavailable_reason(self) -> str | None:
         """Why this backend cannot run on this installation at all (None when it can)."""
@@ -83,6 +98,19 @@ class Backend:
 
             return INT4_ONLY_GENERATION
         return spec.unsupported_backends.get(self.name)
+
+    def memory_estimate(self, weight_bytes: int, precision: str, generator: bool) -> float:
+        """Bytes a configuration prepared here holds, from the built model's fp32 `weight_bytes`: its working
+        copy (bf16 for a generation step at a reduced precision, see `working_copy`) `copies_held` times."""
+        from .generation import GENERATION_IN_BF16
+
+        return weight_bytes * (0.5 if generator and precision in GENERATION_IN_BF16 else 1.0) * self.copies_held
+
+    def working_copy(self, model, precision: str):
+        """The copy of the built model (fp32, shared by every configuration) that `prepare` may change."""
+        from .generation import generation_copy
+
+        return generation_copy(model, precision)
 
     def prepare(self, model, example_inputs: tuple, precision: str, threads: int, ctx: PrepareContext) -> Prepared:
         """Make `model` (eval mode, fp32 weights) ready to run `example_inputs` at `precision`.

@@ -3,11 +3,13 @@
 from ..core import precision as prec
 from . import int8 as quantize
 from .base import Backend, Prepared
+from .generation import CompiledDecode, generation_weights
 
 
 class InductorBackend(Backend):
     name = "inductor"
     description = "torch.compile(backend='inductor') with freezing"
+    copies_held = 2.0
 
     def prepare(self, model, example_inputs, precision, threads, ctx):
         import torch
@@ -32,11 +34,11 @@ class InductorBackend(Backend):
 
     @staticmethod
     def _generation(model, example_inputs, precision, info):
-        """A decoding step over a static KV cache, compiled with static shapes: one graph for the prefill and
-        one for every decode step (cache positions are tensors, so no step recompiles), weights frozen."""
+        """A decoding step over a static KV cache: the decode step compiled with static shapes, one graph for
+        every step (cache positions are tensors, so no step recompiles), weights frozen; the prefill eager."""
         import torch
 
-        model, mode, qinfo = quantize.generation_weights(model, example_inputs, precision)
-        info.update(qinfo, dynamic=False)
-        compiled = torch.compile(model, backend="inductor", dynamic=False)
+        model, mode, qinfo = generation_weights(model, example_inputs, precision)
+        info.update(qinfo, dynamic=False, prefill="eager")
+        compiled = CompiledDecode(model, torch.compile(model, backend="inductor", dynamic=False))
         return Prepared(compiled, example_inputs, mode, info, compiles_on_first_call=True)

@@ -160,17 +160,6 @@ def weight_only(model, precision: str):
     return model, mode, info
 
 
-def generation_weights(model, example_inputs: tuple, precision: str):
-    """A generation step at `precision`: weight-only int8/int4 (`weight_only`), else the model cast.
-    Returns (model, precision_mode, info)."""
-    if precision in ("int8", "int4"):
-        return weight_only(model, precision)
-    from ..core import precision as prec
-
-    model, _, mode = prec.cast(model, example_inputs, precision)
-    return model, mode, {}
-
-
 @contextmanager
 def _quiet_torchao():
     """torchao reports, for each of its CUDA-only libraries, that it cannot load it on this build."""

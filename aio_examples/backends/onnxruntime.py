@@ -36,6 +36,7 @@ _TYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16"}    # as ORT's profiler nam
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
     description = "ONNX Runtime, CPU execution provider, from an ONNX export (int8 via onnxruntime.quantization)"
+    copies_held = 2.0
 
     def unavailable_reason(self):
         missing = [m for m in ("onnx", "onnxruntime") if importlib.util.find_spec(m) is None]

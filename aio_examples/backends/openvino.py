@@ -34,6 +34,7 @@ _GENERATION = ("text generation updates a static KV cache in place between steps
 class OpenVinoBackend(Backend):
     name = "openvino"
     description = "OpenVINO IR from the torch module, CPU plugin, latency hint, pinned inference precision"
+    copies_held = 2.0
 
     def unavailable_reason(self):
         if importlib.util.find_spec("openvino") is None:

@@ -30,7 +30,10 @@ def strategies_for(model) -> tuple:
     from .int8 import is_generation_step
 
     return GENERATION_STRATEGIES if is_generation_step(model) else STRATEGIES
+
+
 BUSY_LIMIT_CORES = 0.3      # other processes' load above which a tuning decision is used but not cached
+MEMORY_MARGIN = 1 << 30     # bytes left free when deciding whether another strategy fits
 
 
 def process_mode() -> bool:
@@ -44,6 +47,7 @@ def process_mode() -> bool:
 class AioBackend(Backend):
     name = "aio"
     description = "optimized: the fastest of aio-compiled / ONNX Runtime / OpenVINO here, tuned and cached"
+    copies_held = 2.0
 
     def __init__(self, engines: dict[str, Backend] | None = None):
         """`engines`: the backends the strategies run on ("onnxruntime", "openvino", and "inductor" for int8
@@ -79,11 +83,20 @@ class AioBackend(Backend):
         import torch
 
         prepared, refused = {}, {}
-        for strategy in strategies_for(model):
+        strategies = strategies_for(model)
+        for strategy in strategies:
             if prepared and ctx.time_passes is None:
                 break
+            last = strategy == strategies[-1]
+            # its own copy (not the last, see below), and what compiling makes of it (not eager)
+            short = _memory_short(model, copies=(strategy != "eager") + (not last))
+            if short:
+                refused[strategy] = short
+                continue
             try:
-                p = self._prepare_strategy(strategy, copy.deepcopy(model), example_inputs, precision, threads, ctx)
+                # The last strategy takes the model handed in (it is this backend's own copy): one copy fewer
+                own = model if last else copy.deepcopy(model)
+                p = self._prepare_strategy(strategy, own, example_inputs, precision, threads, ctx)
                 one_pass = ctx.make_pass(p) if ctx.make_pass else (lambda p=p: p.fn(*p.inputs))
                 if p.compiles_on_first_call:
                     with torch.no_grad():
@@ -118,6 +131,21 @@ class AioBackend(Backend):
         return backend.prepare(model, example_inputs, precision, threads, ctx)
 
 
+def _memory_short(model, copies: int) -> str | None:
+    """Why a strategy is not tried for want of memory: it needs `copies` more of the weights handed in (its
+    own, and the frozen, merged or repacked constants compiling makes). Tuning holds every strategy at once;
+    a strategy left out is named in the decision, which is then not cached."""
+    import psutil
+
+    from .base import held_bytes
+
+    need, free = copies * held_bytes(model), psutil.virtual_memory().available - MEMORY_MARGIN
+    if need > free:
+        return (f"not tried: about {need / 2**30:.1f} GiB more memory needed, "
+                f"{max(free, 0) / 2**30:.1f} GiB free beyond a {MEMORY_MARGIN >> 30} GiB margin")
+    return None
+
+
 def _choose(prepared: dict, refused: dict, time_passes, decision_file) -> tuple[str, dict]:
     """Time the prepared strategies, keep the fastest, and cache that decision unless other processes held our
     cores meanwhile. Their load is read on our cores only (machine/contention.py): load on cores we do not run
@@ -134,7 +162,11 @@ def _choose(prepared: dict, refused: dict, time_passes, decision_file) -> tuple[
     decision = {"strategy": best, "medians_ms": {s: round(v, 3) for s, v in medians.items()},
                 "refused": refused, "busy_elsewhere_cores": round(busy, 2)}
     tuning = {**decision, "cached": False, "file": str(decision_file)}
-    if len(prepared) > 1 and busy > BUSY_LIMIT_CORES:
+    short = [s for s, why in refused.items() if why.startswith("not tried")]
+    if short:
+        tuning["not_saved"] = f"{', '.join(short)} not tried for want of memory; the next run tunes again"
+        logger.warning("aio tuning: %s", tuning["not_saved"])
+    elif len(prepared) > 1 and busy > BUSY_LIMIT_CORES:
         # A decision taken while other processes held the cores would stick to every later run.
         tuning["not_saved"] = (f"other processes kept {busy:.2f} cores busy while tuning "
                                f"(limit {BUSY_LIMIT_CORES}); the next run tunes again")
@@ -203,10 +235,10 @@ def _compiled_generation(model, example_inputs, precision, options) -> Prepared:
     import torch
 
     from .. import aio_compile
-    from .int8 import generation_weights
+    from .generation import CompiledDecode, generation_weights
 
     model, mode, info = generation_weights(model, example_inputs, precision)
-    info["dynamic"] = False
+    info.update(dynamic=False, prefill="eager")
     aio_compile.resolve_options(options)
     info["provider"] = aio_compile.register()
     compiled = torch.compile(model, backend="aio", options=options, dynamic=False)
@@ -215,7 +247,8 @@ def _compiled_generation(model, example_inputs, precision, options) -> Prepared:
     def check():
         info["passes"] = aio_compile.last_report(options["modelname"]) or {}
 
-    return Prepared(_CheckedOnFirstCall(compiled, check), example_inputs, mode, info, compiles_on_first_call=True)
+    return Prepared(_CheckedOnFirstCall(CompiledDecode(model, compiled), check), example_inputs, mode, info,
+                    compiles_on_first_call=True)
 
 
 class _CheckedOnFirstCall:

@@ -1,6 +1,5 @@
 """Run configurations: build the model once, prepare it on each backend, measure, make records."""
 
-import copy
 import os
 import resource
 import time
@@ -59,9 +58,9 @@ class RunRequest:
             prec.validate(p)
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise UsageError(f"batch size {self.batch_size!r} is invalid; accepted: a whole number >= 1")
-        _check_memory(self.spec, self.batch_size, self.shape)
         for name in self.backends:
             get_backend(name)
+        _check_memory(self.spec, self.batch_size, self.shape, self.backends, self.precisions)
         if self.weights is not None and not Path(self.weights).is_file():
             raise UsageError(f"--weights {self.weights!r} is not a readable file; "
                              "accepted: a PyTorch state-dict file")
@@ -75,15 +74,25 @@ class RunRequest:
                              "accepted: --model-dir with a folder holding the model and its tokenizer")
 
 
-def _check_memory(spec: ModelSpec, batch_size: int, shape: dict) -> None:
-    """Refuse, from an estimate, a batch or input shape the machine cannot hold, before allocating any of it."""
+def _check_memory(spec: ModelSpec, batch_size: int, shape: dict, backends: list[str], precisions: list[str]) -> None:
+    """Refuse, from an estimate, what the machine cannot hold, before allocating any of it: the built model and
+    a pass at this batch and shape, and every configuration's own copy of the weights (all are alive at once,
+    measured in interleaved rounds)."""
     import psutil
 
-    need, have = spec.memory_estimate(batch_size, shape), psutil.virtual_memory().available
-    if need > have:
-        said = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in shape.items())
-        raise UsageError(f"batch size {batch_size} at {said} needs about {need / 2**30:.0f} GiB for {spec.name}; "
-                         f"{have / 2**30:.0f} GiB are available; accepted: a smaller batch size or input")
+    weights, generator = spec.weight_bytes(), is_generator(spec.task)
+    copies = {f"{b}/{p}": get_backend(b).memory_estimate(weights, p, generator)
+              for p in precisions for b in backends if (b, p) != ("eager", "fp32") and not (
+                  get_backend(b).unavailable_reason() or get_backend(b).unsupported_reason(spec, p))}
+    need, have = spec.memory_estimate(batch_size, shape) + sum(copies.values()), psutil.virtual_memory().available
+    if need <= have:
+        return
+    said = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in shape.items())
+    parts = ", ".join(f"{k} {v / 2**30:.1f}" for k, v in copies.items() if v >= 2**30 / 10)
+    raise UsageError(f"batch size {batch_size} at {said} needs about {need / 2**30:.0f} GiB for {spec.name}"
+                     + (f" (the configurations' own weights, GiB: {parts})" if parts else "")
+                     + f"; {have / 2**30:.0f} GiB are available; accepted: fewer backends or precisions per run "
+                     "(a sweep runs each in its own process), a smaller batch size or input")
 
 
 @dataclass
@@ -286,7 +295,8 @@ def _prepare(cand: _Candidate, req: RunRequest, module, inputs, ctx: PrepareCont
         with torch.no_grad():
             # Eager fp32 runs the module as built (nothing changes it): one copy of the weights fewer, which
             # for a 1B-parameter model is 5 GB. Every other configuration gets its own copy to change.
-            own = module if (cand.backend, cand.precision) == ("eager", "fp32") else copy.deepcopy(module)
+            own = module if (cand.backend, cand.precision) == ("eager", "fp32") else backend.working_copy(
+                module, cand.precision)
             prepared = backend.prepare(own, inputs, cand.precision, req.threads.threads, ctx)
             one_pass = req.spec.make_pass(prepared, req.shape)
             if prepared.compiles_on_first_call:

@@ -107,10 +107,16 @@ class ModelSpec:
         logits of steps fed the reference's own tokens, see nlp.py)."""
         return output
 
+    def weight_bytes(self) -> int:
+        """Bytes of the built model's fp32 weights, where counting them costs nothing (0: not counted; a
+        vision model's are small beside its activations)."""
+        return 0
+
     def memory_estimate(self, batch_size: int, shape: dict) -> int:
-        """Bytes a pass needs at most, roughly, beyond the weights: a batch or shape far past what the machine
+        """Bytes the built model and a pass need at most, roughly: a batch or shape far past what the machine
         holds is refused from this before anything is allocated. From the family's inputs and widest
-        activations; 0 when unknown (a user's own module)."""
+        activations; 0 when unknown (a user's own module). Each configuration's own copy of the weights is
+        the backend's to estimate (Backend.memory_estimate)."""
         side = shape.get("input_size")
         if side:                    # images: the widest feature maps hold a few times the input, in fp32
             return batch_size * 3 * side * side * 4 * VISION_ACTIVATIONS

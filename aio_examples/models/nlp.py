@@ -68,6 +68,12 @@ class Encoder(ModelSpec):
                 kwargs[key] = None
         return getattr(load_transformers(), self.config_class)(**kwargs)
 
+    def weight_bytes(self):
+        """Counted on the meta device: nothing is allocated."""
+        with torch.device("meta"):
+            model = getattr(load_transformers(), self.model_class)(self._config())
+        return sum(p.numel() for p in model.parameters()) * 4
+
     def with_config(self, overrides):
         """`KEY=VALUE` overrides (a quick look at any shape: `num_hidden_layers=2`): the key must be a field of
         the config, the value of its type (JSON literals: 2, 0.5, true, "text")."""
@@ -225,7 +231,8 @@ class GreedyGeneration:
         self.facts["prompt_tokens"] = prompt.shape[1]
 
     def _prefill(self, cache):
-        return self.step(*self.context, self.prompt, cache, self.prompt_positions)
+        # A step may run its prefill its own way (backends/generation.py: eager beside a compiled decode step)
+        return getattr(self.step, "prefill", self.step)(*self.context, self.prompt, cache, self.prompt_positions)
 
     def _decode(self, tokens, cache, position: int):
         return self.step(*self._no_context, tokens, cache, torch.tensor([position]))
@@ -330,16 +337,12 @@ class CausalLM(Encoder):
         return step
 
     def memory_estimate(self, batch_size, shape):
-        """The fp32 weights (counted on the meta device: nothing allocated), one copy a backend makes, the
-        static KV cache and the logits."""
+        """The built model's fp32 weights, the static KV cache and the logits."""
         config = self._config()
-        with torch.device("meta"):
-            model = getattr(load_transformers(), self.model_class)(config)
-        weights = sum(p.numel() for p in model.parameters()) * 4
         seq = shape["seq_len"] + shape["new_tokens"]
         layers = getattr(config, "num_hidden_layers", None) or config.n_layer
         heads = getattr(config, "num_key_value_heads", None) or getattr(config, "n_head", 12)
         head_dim = getattr(config, "head_dim", None) or (getattr(config, "hidden_size", None) or config.n_embd) // (
             getattr(config, "num_attention_heads", None) or config.n_head)
         kv = 2 * layers * batch_size * heads * head_dim * seq * 4
-        return 2 * weights + kv + batch_size * seq * config.vocab_size * 4
+        return self.weight_bytes() + kv + batch_size * seq * config.vocab_size * 4

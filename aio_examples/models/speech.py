@@ -167,17 +167,13 @@ class Whisper(CausalLM):
         return nn.ModuleList([step.model.model.decoder, step.model.proj_out])
 
     def memory_estimate(self, batch_size, shape):
-        """The fp32 weights (counted on the meta device) and one copy a backend makes, the encoder's widest
-        activations (the feed-forward, one layer's attention scores), the static self- and cross-attention caches,
-        the features and the logits."""
+        """The built model's fp32 weights, the encoder's widest activations (the feed-forward, one layer's
+        attention scores), the static self- and cross-attention caches, the features and the logits."""
         config = self._config()
-        with torch.device("meta"):
-            model = getattr(load_transformers(), self.model_class)(config)
-        weights = sum(p.numel() for p in model.parameters()) * 4
         positions, width = config.max_source_positions, config.d_model
         encoder = batch_size * (positions * (4 * width + config.encoder_ffn_dim)
                                 + config.encoder_attention_heads * positions * positions) * 4
         steps = len(PROMPT_IDS) + shape["new_tokens"]
         caches = 2 * config.decoder_layers * batch_size * width * (steps + positions) * 4
         features = batch_size * config.num_mel_bins * 2 * positions * 4
-        return 2 * weights + encoder + caches + features + 2 * batch_size * config.vocab_size * 4
+        return self.weight_bytes() + encoder + caches + features + 2 * batch_size * config.vocab_size * 4

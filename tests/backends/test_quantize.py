@@ -186,3 +186,30 @@ def test_gpt2_int8_quantizes_its_projections_in_eager():
     assert r.status == "ok" and r.precision_mode == "w8a16"
     # 12 blocks x 4 projections (transformers Conv1D, made Linear first) + the LM head
     assert r.backend_info["conv1d_converted_to_linear"] == 48 and r.backend_info["quantized_linears"] == 49
+
+
+def test_a_generation_step_is_copied_straight_at_bf16_with_ties_kept():
+    class Step(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.head = torch.nn.Embedding(64, 32), torch.nn.Linear(32, 64, bias=False)
+            self.head.weight = self.embed.weight          # tied, as Llama 3.2 1B's are
+            self.register_buffer("positions", torch.arange(8))
+
+        def forward(self, ids):
+            return self.head(self.embed(ids))
+
+        def new_cache(self, max_len):
+            return None
+
+    step = Step()
+    for precision in ("bf16", "int8", "int4"):
+        own = BACKENDS["eager"].working_copy(step, precision)
+        assert own.embed.weight.dtype == torch.bfloat16 and own.head.weight is own.embed.weight
+        assert own.positions.dtype == torch.int64 and own.embed.weight.data_ptr() != step.embed.weight.data_ptr()
+        torch.testing.assert_close(own.embed.weight.float(), step.embed.weight, atol=1e-2, rtol=1e-2)
+    assert step.embed.weight.dtype == torch.float32          # the shared model is left as it was
+    # fp32, and anything not a generation step, is an exact copy at the precision it was built in
+    assert BACKENDS["eager"].working_copy(step, "fp32").embed.weight.dtype == torch.float32
+    plain = torch.nn.Linear(4, 4)
+    assert BACKENDS["inductor"].working_copy(plain, "bf16").weight.dtype == torch.float32
