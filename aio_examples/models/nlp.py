@@ -263,7 +263,9 @@ class GreedyGeneration:
         cache = self.step.new_cache(prompt_len + self.new_tokens)
         logits = [self._prefill(cache)]
         for i in range(steps):
-            logits.append(self._decode(tokens[:, i:i + 1], cache, prompt_len + i))
+            # in the strides a decode step gets (a column of `tokens` has others): a compiled step would recompile
+            column = tokens[:, i:i + 1].clone(memory_format=torch.contiguous_format)
+            logits.append(self._decode(column, cache, prompt_len + i))
         return torch.stack([x.float() for x in logits], 1)
 
 

@@ -39,11 +39,17 @@ def test_prefill_and_decode_stamps_add_up_to_the_end_to_end_time(tmp_path):
 
 
 def test_inductor_generation_compiles_in_warm_up_only(tmp_path):
+    from aio_examples.models.nlp import graphs_compiled
+
     spec = tiny_llama()
+    before = graphs_compiled()
     [r] = run(RunRequest(spec, ["inductor"], "fp32", 1, ThreadChoice(1, "--threads"), spec.shape(**SHAPE),
                          rule=StopRule(timeout_s=0.5)), tmp_path)
     assert r.status == "ok", r.reason
     assert r.metrics["generation"]["recompilations"] == 0
+    # one graph, the decode step's (the prefill runs eager), and none more for the teacher-forced output check:
+    # each would hold another frozen copy of the weights
+    assert graphs_compiled() - before == 1 and r.backend_info["prefill"] == "eager"
 
 
 def test_a_pass_that_compiles_while_measured_fails_its_configuration():
