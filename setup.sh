@@ -30,6 +30,14 @@ fi
 "$PY" -m pip install -q -c constraints.txt "torch==2.13.0+cpu"
 "$PY" -m pip install -q -r requirements.txt -c constraints.txt
 "$PY" -m pip install -q --no-deps -e .
+# llama.cpp's Python binding is a source package: CMake builds llama.cpp for this CPU (a few minutes on two
+# cores, once: pip's wheel cache keeps the result). Without a compiler the llama_cpp backend says
+# `unsupported` with the reason and everything else works.
+if ! "$PY" -c "import llama_cpp" 2>/dev/null; then
+    echo "setup.sh: building llama-cpp-python (llama.cpp with CMake; a few minutes on 2 cores, cached afterwards)"
+    "$PY" -m pip install -q -c constraints.txt llama-cpp-python || \
+        echo "setup.sh: llama-cpp-python did not build; the llama_cpp backend will be unsupported" >&2
+fi
 if [ "${1:-}" = "--dev" ]; then
     "$PY" -m pip install -q -r requirements-dev.txt -c constraints.txt
     # Debian packages of the dev tests: chromium (the notebook server test drives a real browser; Playwright

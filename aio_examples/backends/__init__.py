@@ -4,7 +4,9 @@ from ..core.registry import lookup
 from .base import Backend, PrepareContext, Prepared
 from .eager import EagerBackend
 from .inductor import InductorBackend
+from .llama_cpp import LlamaCppBackend
 from .onnxruntime import OnnxRuntimeBackend
+from .onnxruntime_genai import OnnxRuntimeGenAIBackend
 from .openvino import OpenVinoBackend
 from .optimized import AioBackend
 from .torchscript import TorchScriptBackend
@@ -19,6 +21,8 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     _inductor,
     _onnxruntime,
     _openvino,
+    LlamaCppBackend(),
+    OnnxRuntimeGenAIBackend(),
 )}
 
 DEFAULT_BACKEND = "aio"

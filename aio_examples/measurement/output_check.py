@@ -77,6 +77,8 @@ def check_outputs(task: str, reference, output, precision: str, judge_agreement:
         ok = not judge_agreement or share is None or share >= AGREEMENT_MIN[precision]
         return Check(precision, ok, None if ok else f"{share:.0%} of reference boxes matched "
                      f"(tolerance {AGREEMENT_MIN[precision]:.0%} at {precision})", metrics)
+    if is_generator(task) and len(out) == 1 < len(ref):
+        ref = ref[:1]           # an engine that exposes no logits: its tokens against the reference's
     if not _same_shapes(ref, out):
         shapes = ([a.shape for a in ref], [a.shape for a in out])
         return Check(precision, False, f"outputs differ in structure from eager fp32: {shapes[1]} vs {shapes[0]}",

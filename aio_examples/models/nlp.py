@@ -269,6 +269,29 @@ class GreedyGeneration:
         return torch.stack([x.float() for x in logits], 1)
 
 
+class EngineGeneration:
+    """One pass through an LLM engine with its own generation loop (backends/llm_engines.py): the prompt's token
+    ids in, exactly `new_tokens` greedy tokens out, each stamped by the engine's own per-token callback;
+    the same `pass_metrics` and `facts` as GreedyGeneration, and nothing compiled while measured."""
+
+    def __init__(self, engine, prompt: torch.Tensor, new_tokens: int):
+        self.engine, self.prompt, self.new_tokens = engine, prompt, new_tokens
+        self.pass_metrics: dict = {}
+        self.facts: dict = {**engine.facts, "prompt_tokens": prompt.shape[1]}
+
+    def __call__(self):
+        start = time.perf_counter_ns()
+        tokens, first_logits, stamps = self.engine.generate(self.prompt, self.new_tokens)
+        if len(stamps) != self.new_tokens:
+            raise RuntimeError(f"the engine generated {len(stamps)} tokens, not the {self.new_tokens} asked for")
+        self.pass_metrics = {"ttft": stamps[0] - start, "itl": [b - a for a, b in itertools.pairwise(stamps)],
+                             "compiles": 0}
+        return tokens, first_logits
+
+    def teacher_forced(self, tokens: torch.Tensor, steps: int):
+        return self.engine.teacher_forced(self.prompt, tokens, steps)
+
+
 def _cache_bytes(cache) -> int | None:
     """Bytes of a static cache's keys and values (an encoder-decoder's: its self- and cross-attention caches)."""
     caches = [getattr(cache, n) for n in ("self_attention_cache", "cross_attention_cache") if hasattr(cache, n)]
@@ -324,11 +347,14 @@ class CausalLM(Encoder):
             return output
         steps = min(self.CHECKED_STEPS, one_pass.new_tokens - 1)
         with torch.no_grad():
-            return output[0], one_pass.teacher_forced(reference[0], steps)
+            logits = one_pass.teacher_forced(reference[0], steps)
+        return (output[0],) if logits is None else (output[0], logits)     # an engine without logits: tokens
 
     def make_pass(self, prepared, shape):
         """Greedy generation of the prepared step: the last input is the prompt, any before it the prefill's
-        context (GreedyGeneration)."""
+        context (GreedyGeneration); or, for an LLM engine with its own loop, its generation (EngineGeneration)."""
+        if hasattr(prepared.fn, "generate"):
+            return EngineGeneration(prepared.fn, prepared.inputs[-1], shape["new_tokens"])
         module = getattr(prepared.fn, "_orig_mod", prepared.fn)      # under torch.compile's wrapper
         weights = tensor_bytes(self.decode_weights(module)) if isinstance(module, nn.Module) else None
         return GreedyGeneration(prepared.fn, prepared.inputs[-1], shape["new_tokens"], weights,
