@@ -13,16 +13,18 @@ from .torchscript import TorchScriptBackend
 
 # The engines are built first: the optimized backend runs its strategies on these same instances.
 _eager, _inductor, _onnxruntime, _openvino = EagerBackend(), InductorBackend(), OnnxRuntimeBackend(), OpenVinoBackend()
+_llama_cpp, _onnxruntime_genai = LlamaCppBackend(), OnnxRuntimeGenAIBackend()
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
-    AioBackend(engines={"onnxruntime": _onnxruntime, "openvino": _openvino, "inductor": _inductor, "eager": _eager}),
+    AioBackend(engines={e.name: e for e in (_onnxruntime, _openvino, _inductor, _eager, _llama_cpp,
+                                             _onnxruntime_genai)}),
     _eager,
     TorchScriptBackend(),
     _inductor,
     _onnxruntime,
     _openvino,
-    LlamaCppBackend(),
-    OnnxRuntimeGenAIBackend(),
+    _llama_cpp,
+    _onnxruntime_genai,
 )}
 
 DEFAULT_BACKEND = "aio"

@@ -45,7 +45,10 @@ def gguf_file(step, precision: str, model_name: str, weights_id: str) -> tuple[P
     if precision not in TENSOR_TYPES:
         raise UnsupportedError(f"GGUF has no tensor type for {precision}; accepted: {', '.join(TENSOR_TYPES)}")
     kind = TENSOR_TYPES[precision]
-    folder = artifact_dir("gguf", model_name, weights=weights_id, precision=precision, versions=versions())
+    # the weights' digest is the built model's; aio's engine strategies convert its bf16 working copy
+    source = str(next(model.parameters()).dtype)
+    folder = artifact_dir("gguf", model_name, weights=weights_id, source=source, precision=precision,
+                          versions=versions())
     meta_file = folder / "meta.json"
     if meta_file.is_file():
         meta = json.loads(meta_file.read_text())

@@ -65,7 +65,7 @@ def hf_folder(step, model_name: str, weights_id: str) -> Path:
     what ONNX Runtime GenAI's model builder reads. A model without a tokenizer (random weights) gets a
     stand-in word-level one of its vocabulary size: token ids are fed to the engines directly. Special token
     ids a shrunk vocabulary lost are set to its last ids, which builders require."""
-    folder = artifact_dir("hf-folder", model_name, weights=weights_id)
+    folder = artifact_dir("hf-folder", model_name, weights=weights_id, source=str(next(step.parameters()).dtype))
     meta_file = folder / "meta.json"
     if meta_file.is_file() and intact(folder, json.loads(meta_file.read_text()).get("digests")):
         return folder

@@ -49,6 +49,8 @@ class OnnxRuntimeGenAIBackend(EngineBackend):
 
         llama_only(model)
         one_sequence(example_inputs, self.name)
+        if precision not in PRECISIONS:
+            raise UnsupportedError(f"ONNX Runtime GenAI's builder makes fp32 and int4 models for the CPU, not {precision}")
         folder, info = _built(model, precision, ctx)
         config = og.Config(str(folder))
         config.clear_providers()        # the CPU provider
@@ -68,7 +70,7 @@ def _built(model, precision: str, ctx) -> tuple:
     import onnxruntime_genai as og
 
     folder = artifact_dir("onnxruntime-genai", ctx.model_name, weights=ctx.weights_id, precision=precision,
-                          version=og.__version__)
+                          source=str(next(model.parameters()).dtype), version=og.__version__)
     meta_file = folder / "meta.json"
     if meta_file.is_file():
         meta = json.loads(meta_file.read_text())

@@ -16,20 +16,28 @@ import platform
 from ..core.errors import UnsupportedError, UsageError, short_error
 from ..core.log import logger
 from ..machine import contention
-from .base import Backend, Prepared
+from .base import Backend, Prepared, held_bytes
+from .llm_engines import EngineBackend
 
 STRATEGIES = ("compiled", "onnxruntime", "openvino")
 # A generation step runs on neither runtime (they cannot step a mutable KV cache); beside its own compiled
 # path, aio weighs inductor's, which lowers torchao's weight-only int8 to its packed kernel where aio's
 # constant folding does not, and eager's: torchao's int4 CPU kernel decoded a 4-layer Llama 3.2 1B faster
 # uncompiled (99.5 against inductor's 76.7 tokens/s here).
-GENERATION_STRATEGIES = ("compiled", "inductor", "eager")
+# The LLM engines run their own loops over their own formats of the same weights (llama.cpp's Q4_0 is not
+# torchao's int4: the record's precision_mode says which ran). Eager last: it takes the model handed in.
+GENERATION_STRATEGIES = ("compiled", "inductor", "llama_cpp", "onnxruntime_genai", "eager")
 
 
-def strategies_for(model) -> tuple:
+def strategies_for(model, engines: dict | None = None) -> tuple:
+    """The strategies this model may run on; an engine strategy only where its engine was handed in and is
+    installed (an LLM engine not built here is no strategy, and the tuning key says so)."""
     from .int8 import is_generation_step
 
-    return GENERATION_STRATEGIES if is_generation_step(model) else STRATEGIES
+    names = GENERATION_STRATEGIES if is_generation_step(model) else STRATEGIES
+    if engines is None:
+        return names
+    return tuple(s for s in names if s == "compiled" or (s in engines and engines[s].unavailable_reason() is None))
 
 
 BUSY_LIMIT_CORES = 0.3      # other processes' load above which a tuning decision is used but not cached
@@ -46,7 +54,8 @@ def process_mode() -> bool:
 
 class AioBackend(Backend):
     name = "aio"
-    description = "optimized: the fastest of aio-compiled / ONNX Runtime / OpenVINO here, tuned and cached"
+    description = ("optimized: the fastest of aio-compiled / ONNX Runtime / OpenVINO here (generation: of its "
+                   "compiled path, inductor, eager and the LLM engines), tuned and cached")
     copies_held = 2.0
 
     def __init__(self, engines: dict[str, Backend] | None = None):
@@ -61,10 +70,10 @@ class AioBackend(Backend):
         env = capture({})
         key = {"inputs": describe_inputs(example_inputs), "precision": precision, "threads": threads,
                "cpu": f"{env.get('cpu_model')}|{platform.machine()}|{','.join(env.get('isa') or [])}",
-               "versions": env["versions"], "strategies": list(strategies_for(model))}
+               "versions": env["versions"], "strategies": list(strategies_for(model, self.engines))}
         decision_file = _decision_file(ctx.model_name, key)
         cached = _load_decision(decision_file)
-        if cached and cached["strategy"] in strategies_for(model):
+        if cached and cached["strategy"] in strategies_for(model, self.engines):
             try:
                 prepared = self._prepare_strategy(cached["strategy"], model, example_inputs, precision, threads, ctx)
             except UnsupportedError:
@@ -83,19 +92,23 @@ class AioBackend(Backend):
         import torch
 
         prepared, refused = {}, {}
-        strategies = strategies_for(model)
+        strategies = strategies_for(model, self.engines)
+        weights = held_bytes(model)
         for strategy in strategies:
             if prepared and ctx.time_passes is None:
                 break
-            last = strategy == strategies[-1]
-            # its own copy (not the last, see below), and what compiling makes of it (not eager)
-            short = _memory_short(model, copies=(strategy != "eager") + (not last))
+            last, engine = strategy == strategies[-1], self.engines.get(strategy)
+            if isinstance(engine, EngineBackend):         # an LLM engine reads the model into its own format
+                need = engine.memory_estimate(2 * weights, precision, True)
+            else:       # its own copy (not the last, see below), and what compiling makes of it (not eager)
+                need = weights * ((strategy != "eager") + (not last))
+            short = _memory_short(need)
             if short:
                 refused[strategy] = short
                 continue
             try:
                 # The last strategy takes the model handed in (it is this backend's own copy): one copy fewer
-                own = model if last else copy.deepcopy(model)
+                own = model if last else (engine.working_copy(model, precision) if engine else copy.deepcopy(model))
                 p = self._prepare_strategy(strategy, own, example_inputs, precision, threads, ctx)
                 one_pass = ctx.make_pass(p) if ctx.make_pass else (lambda p=p: p.fn(*p.inputs))
                 if p.compiles_on_first_call:
@@ -131,15 +144,13 @@ class AioBackend(Backend):
         return backend.prepare(model, example_inputs, precision, threads, ctx)
 
 
-def _memory_short(model, copies: int) -> str | None:
-    """Why a strategy is not tried for want of memory: it needs `copies` more of the weights handed in (its
-    own, and the frozen, merged or repacked constants compiling makes). Tuning holds every strategy at once;
-    a strategy left out is named in the decision, which is then not cached."""
+def _memory_short(need: float) -> str | None:
+    """Why a strategy is not tried for want of memory: it needs `need` more bytes (its own copy of the weights
+    and the frozen, merged or repacked constants compiling makes, or an engine's own format). Tuning holds
+    every strategy at once; a strategy left out is named in the decision, which is then not cached."""
     import psutil
 
-    from .base import held_bytes
-
-    need, free = copies * held_bytes(model), psutil.virtual_memory().available - MEMORY_MARGIN
+    free = psutil.virtual_memory().available - MEMORY_MARGIN
     if need > free:
         return (f"not tried: about {need / 2**30:.1f} GiB more memory needed, "
                 f"{max(free, 0) / 2**30:.1f} GiB free beyond a {MEMORY_MARGIN >> 30} GiB margin")
