@@ -1,9 +1,9 @@
-"""Generation on the torch paths: TTFT, TPOT and decode tokens/s of eager, inductor and aio per precision.
+"""Generation on the torch paths and the LLM engines: TTFT, TPOT and decode tokens/s per precision.
 
 Each precision is measured in its own process (a 1B model's copies at four precisions would not all fit in
 memory at once), its backends in interleaved rounds beside eager fp32, so the ratios within a precision are
 from one run. It prints one row per configuration and, per precision, aio's decode speed over the fastest
-other torch path, and the share of the memory-bandwidth roofline each decode reached:
+other path (torch or engine), and the share of the memory-bandwidth roofline each decode reached:
 
     python3 benchmarks/generation.py --output results/generation            # llama_3_2_1b, 512 + 128, 2 threads
     python3 benchmarks/generation.py --config-override num_hidden_layers=2   # a quick look
@@ -53,7 +53,7 @@ def table(out: Path) -> str:
         if len(aio) and len(others):
             best = group[group.backend != "aio"].sort_values("decode tok/s").iloc[-1]
             lines.append(f"{precision}: aio decodes at {aio.iloc[0] / best['decode tok/s']:.2f}x the fastest other "
-                         f"torch path ({best.backend}), in the same run")
+                         f"path ({best.backend}, {best['mode']}), in the same run")
     return "\n".join(lines)
 
 
@@ -61,7 +61,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="llama_3_2_1b")
     parser.add_argument("--precisions", default="bf16,int8,int4", help="each in its own run, beside eager fp32")
-    parser.add_argument("--backends", default="eager,inductor,aio")
+    # the engines first: their conversions write files while the torch paths' copies do not exist yet
+    parser.add_argument("--backends", default="llama_cpp,onnxruntime_genai,eager,inductor,aio",
+                        help="a precision an engine does not run is recorded as unsupported, with the reason")
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("-b", "--batch-size", type=int, default=1)
