@@ -40,15 +40,8 @@ def _like(new, ref):
 
 
 def held_bytes(model) -> int:
-    """Bytes of a module's parameters and buffers, each storage once (tied weights share one)."""
-    seen, total = set(), 0
-    for t in [*model.parameters(), *model.buffers()]:
-        key = (t.untyped_storage().data_ptr(), t.device) if not hasattr(t, "__tensor_flatten__") else id(t)
-        if key not in seen:
-            seen.add(key)
-            total += t.untyped_storage().nbytes() if not hasattr(t, "__tensor_flatten__") else \
-                t.numel() * t.element_size()
-    return total
+    """Bytes of a module's parameters and buffers, each tensor once (a tied weight is one)."""
+    return sum({id(t): t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]}.values())
 
 
 @dataclass(frozen=True)
