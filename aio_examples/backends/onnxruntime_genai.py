@@ -75,7 +75,7 @@ def _built(model, precision: str, ctx) -> tuple:
     if meta_file.is_file():
         meta = json.loads(meta_file.read_text())
         if intact(folder, meta.get("digests")):
-            return folder, {**meta["info"], "cached": True}
+            return folder, {**meta["info"], **_what_runs(folder / "model.onnx"), "cached": True}
     source = hf_folder(model, ctx.model_name, ctx.weights_id)
     start = time.perf_counter()
     extra = ["--extra_options", f"int4_block_size={INT4_BLOCK}", f"int4_accuracy_level={INT4_ACCURACY}"] \
@@ -89,12 +89,31 @@ def _built(model, precision: str, ctx) -> tuple:
             raise UnsupportedError(f"ONNX Runtime GenAI's model builder failed: {last[:300]}")
         _drop(scratch / ".cache")
     info = {"builder": f"onnxruntime_genai.models.builder -p {PRECISIONS[precision]} -e cpu",
-            "weights": ("fp32" if precision == "fp32" else
-                        f"int4 blocks of {INT4_BLOCK}, fp32 scales, accuracy level {INT4_ACCURACY} (int8 activations)"),
-            "convert_s": round(time.perf_counter() - start, 2), "folder": str(folder)}
+            **_what_runs(folder / "model.onnx"), "convert_s": round(time.perf_counter() - start, 2),
+            "folder": str(folder)}
     files = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name not in ("meta.json", "key.json"))
     meta_file.write_text(json.dumps({"info": info, "digests": digests(folder, files)}, indent=1))
     return folder, info
+
+
+def _what_runs(path) -> dict:
+    """The weight format and KV-cache type as the built graph has them (read without its weights)."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    kv = next((i for i in graph.input if i.name.startswith("past_key_values")), None)
+    names = {"FLOAT": "fp32", "FLOAT16": "fp16", "BFLOAT16": "bf16"}
+    kind = onnx.TensorProto.DataType.Name(kv.type.tensor_type.elem_type) if kv else None
+    out = {"kv_cache": names.get(kind, kind)}
+    nbits = next((n for n in graph.node if n.op_type == "MatMulNBits"), None)
+    if nbits is None:
+        out["weights"] = "fp32 MatMul"
+        return out
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in nbits.attribute}
+    out["weights"] = (f"MatMulNBits: int{attrs.get('bits')} blocks of {attrs.get('block_size')}, "
+                      f"accuracy level {attrs.get('accuracy_level')}"
+                      + (" (int8 activations)" if attrs.get("accuracy_level") == 4 else ""))
+    return out
 
 
 def _drop(path) -> None:

@@ -58,7 +58,8 @@ def test_onnxruntime_genai_runs_the_built_weights_and_caches_its_model(tmp_path)
     results = engine_run(tmp_path, "onnxruntime_genai", ["fp32", "int4"])
     _check_engine_records(results, "onnxruntime_genai", {"fp32": "native", "int4": "w4a8-b32"})
     info = next(r for r in results if r.backend == "onnxruntime_genai" and r.precision == "int4").backend_info
-    assert "int4 blocks of 32" in info["weights"] and info["intra_op_num_threads"] == 1
+    assert info["weights"] == "MatMulNBits: int4 blocks of 32, accuracy level 4 (int8 activations)"
+    assert info["kv_cache"] == "fp32" and info["intra_op_num_threads"] == 1
     again = engine_run(tmp_path, "onnxruntime_genai", ["int4"])
     assert next(r for r in again if r.backend == "onnxruntime_genai").backend_info["cached"] is True
 
