@@ -45,8 +45,10 @@ def gguf_file(step, precision: str, model_name: str, weights_id: str) -> tuple[P
     if precision not in TENSOR_TYPES:
         raise UnsupportedError(f"GGUF has no tensor type for {precision}; accepted: {', '.join(TENSOR_TYPES)}")
     kind = TENSOR_TYPES[precision]
-    # the weights' digest is the built model's; aio's engine strategies convert its bf16 working copy
-    source = str(next(model.parameters()).dtype)
+    # The weights' digest is the built model's, and aio's engine strategies convert its bf16 working copy:
+    # the source dtype is part of the key, except for BF16, which both sources give bit for bit (one file,
+    # its pages shared when two configurations map it)
+    source = None if TENSOR_TYPES[precision] == "BF16" else str(next(model.parameters()).dtype)
     folder = artifact_dir("gguf", model_name, weights=weights_id, source=source, precision=precision,
                           versions=versions())
     meta_file = folder / "meta.json"
