@@ -25,8 +25,10 @@ STRATEGIES = ("compiled", "onnxruntime", "openvino")
 # constant folding does not, and eager's: torchao's int4 CPU kernel decoded a 4-layer Llama 3.2 1B faster
 # uncompiled (99.5 against inductor's 76.7 tokens/s here).
 # The LLM engines run their own loops over their own formats of the same weights (llama.cpp's Q4_0 is not
-# torchao's int4: the record's precision_mode says which ran). Eager last: it takes the model handed in.
-GENERATION_STRATEGIES = ("compiled", "inductor", "llama_cpp", "onnxruntime_genai", "eager")
+# torchao's int4: the record's precision_mode says which ran). They go first: their weights take the least
+# memory (a GGUF file another configuration maps is shared), and a strategy that no longer fits is not
+# tried. Eager last: it takes the model handed in.
+GENERATION_STRATEGIES = ("llama_cpp", "onnxruntime_genai", "compiled", "inductor", "eager")
 
 
 def strategies_for(model, engines: dict | None = None) -> tuple:
