@@ -14,9 +14,11 @@ from ..models.vision import detections
 
 # Minimum cosine similarity with eager fp32, per precision. Reduced precisions keep ~3 significant
 # digits (bf16: 8 mantissa bits), int8 fewer; deep networks accumulate that error layer by layer.
-# int4 (weight-only, groups of 128): a 4-layer Llama 3.2 1B with random weights gave 0.870 on eager, inductor
-# and aio alike (the quantization's own error, the kernels agreeing), so 0.8.
-COSINE_MIN = {"fp32": 0.9999, "bf16": 0.98, "fp16": 0.99, "int8": 0.95, "int4": 0.8}
+# int4: the full Llama 3.2 1B with random weights (prompt 512) gave 0.697-0.698 with torchao's group-128 int4
+# (eager, inductor) and 0.725-0.728 with Q4_0 / MatMulNBits block-32 (llama.cpp, ONNX Runtime GenAI, aio):
+# five implementations agreeing on the quantization's own error, which 16 layers of random weights compound
+# (4 layers gave 0.87). A wrong kernel gives near 0, so 0.6.
+COSINE_MIN = {"fp32": 0.9999, "bf16": 0.98, "fp16": 0.99, "int8": 0.95, "int4": 0.6}
 # Minimum task agreement (e.g. top-1 agreement), judged only with real weights: random weights
 # give near-tied scores whose order any rounding may flip, so there it is reported, not judged.
 AGREEMENT_MIN = {"fp32": 0.99, "bf16": 0.9, "fp16": 0.9, "int8": 0.8, "int4": 0.7}
