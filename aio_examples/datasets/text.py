@@ -123,8 +123,9 @@ class Steps:
         import torch
 
         self.step, self.cache, self.position = step, step.new_cache(cache_len), prompt.shape[1]
-        self.logits = step(prompt.clone(memory_format=torch.contiguous_format), self.cache,
-                           torch.arange(self.position))
+        # a step may run its prefill its own way (eager beside a compiled decode step: backends/generation.py)
+        self.logits = getattr(step, "prefill", step)(prompt.clone(memory_format=torch.contiguous_format),
+                                                     self.cache, torch.arange(self.position))
 
     def feed(self, tokens):
         """Each row's next token (batch,) as one decode step; the logits that follow it."""
