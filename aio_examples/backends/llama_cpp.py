@@ -19,22 +19,10 @@ class LlamaCppBackend(EngineBackend):
     name = "llama_cpp"
     description = "llama.cpp through llama-cpp-python: GGUF weights (F32/BF16/F16, Q8_0 int8, Q4_0 int4)"
 
-    def unavailable_reason(self):
-        try:
-            import llama_cpp  # noqa: F401
-        except ImportError as exc:
-            return (f"llama-cpp-python is not installed ({exc}); it builds from source with CMake and a C++ "
-                    "compiler: pip install llama-cpp-python (setup.sh does)")
-        return None
-
-    def unsupported_reason(self, spec, precision):
-        from ..models.base import is_generator
-
-        if not is_generator(spec.task):
-            return "llama.cpp runs text generation only"
-        if precision not in TENSOR_TYPES:
-            return f"GGUF has no tensor type for {precision}; accepted: {', '.join(TENSOR_TYPES)}"
-        return None
+    package, engine, precisions = "llama_cpp", "llama.cpp", tuple(TENSOR_TYPES)
+    install = ("it builds from source with CMake and a C++ compiler: pip install llama-cpp-python "
+               "(setup.sh does)")
+    precisions_why = "GGUF has a tensor type for fp32, bf16, fp16, int8 (Q8_0) and int4 (Q4_0)"
 
     def prepare(self, model, example_inputs, precision, threads, ctx):
         from llama_cpp import Llama

@@ -20,7 +20,30 @@ _WEIGHT_SHARE = {"fp32": 1.0, "bf16": 0.5, "fp16": 0.5, "int8": 0.3, "int4": 0.2
 
 
 class EngineBackend(Backend):
-    """A backend whose engine runs its own generation loop over weights written in its own format."""
+    """A backend whose engine runs its own generation loop over weights written in its own format. Subclasses
+    set `package` (the module to import), `install` (how), `engine` (its name in messages), `precisions`
+    and `precisions_why` (what its format offers)."""
+
+    package = install = engine = precisions_why = ""
+    precisions: tuple = ()
+
+    def unavailable_reason(self):
+        import importlib
+
+        try:
+            importlib.import_module(self.package)
+        except ImportError as exc:
+            return f"{self.package} is not installed ({exc}); {self.install}"
+        return None
+
+    def unsupported_reason(self, spec, precision):
+        from ..models.base import is_generator
+
+        if not is_generator(spec.task):
+            return f"{self.engine} runs text generation only"
+        if precision not in self.precisions:
+            return f"{self.precisions_why}, not {precision} (accepted: {', '.join(self.precisions)})"
+        return None
 
     def working_copy(self, model, precision):
         return model            # only read, to write the engine's own format: no copy needed

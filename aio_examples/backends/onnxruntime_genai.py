@@ -27,22 +27,9 @@ class OnnxRuntimeGenAIBackend(EngineBackend):
     name = "onnxruntime_genai"
     description = "ONNX Runtime GenAI: its own generation loop, model made by its builder (fp32, int4)"
 
-    def unavailable_reason(self):
-        try:
-            import onnxruntime_genai  # noqa: F401
-        except ImportError as exc:
-            return f"onnxruntime-genai is not installed ({exc}); pip install onnxruntime-genai"
-        return None
-
-    def unsupported_reason(self, spec, precision):
-        from ..models.base import is_generator
-
-        if not is_generator(spec.task):
-            return "ONNX Runtime GenAI runs text generation only"
-        if precision not in PRECISIONS:
-            return (f"its model builder makes fp32 and int4 models for the CPU, not {precision} "
-                    f"(accepted: {', '.join(PRECISIONS)})")
-        return None
+    package, engine, precisions = "onnxruntime_genai", "ONNX Runtime GenAI", tuple(PRECISIONS)
+    install = "pip install onnxruntime-genai"
+    precisions_why = "its model builder makes fp32 and int4 models for the CPU"
 
     def prepare(self, model, example_inputs, precision, threads, ctx):
         import onnxruntime_genai as og
