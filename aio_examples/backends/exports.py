@@ -46,6 +46,22 @@ def atomic_files(dest_dir: Path, main_file: str):
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def cached_artifact(folder: Path, main_file: str, make) -> tuple[dict, bool]:
+    """What `make(scratch) -> info` writes, made once in `folder` (its files moved in by `atomic_files`, `main_file`
+    last) with its info and digests in `meta.json`: a later call returns that info while every file is intact,
+    and makes it again otherwise. Returns (info, cached)."""
+    meta_file = folder / "meta.json"
+    if meta_file.is_file():
+        meta = _read_meta(meta_file)
+        if intact(folder, meta.get("digests")):
+            return meta.get("info", {}), True
+    with atomic_files(folder, main_file) as scratch:
+        info = make(scratch)
+    files = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name not in ("meta.json", "key.json"))
+    meta_file.write_text(json.dumps({"info": info, "digests": digests(folder, files)}, indent=1))
+    return info, False
+
+
 def _library_versions() -> dict:
     import onnx
     import torch

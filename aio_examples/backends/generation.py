@@ -57,8 +57,9 @@ def _unmark_static(cache) -> None:
     cache would be written through the first one's. Unmarked, they stay inputs of the decode graph."""
     import torch
 
-    caches = [getattr(cache, n) for n in ("self_attention_cache", "cross_attention_cache") if hasattr(cache, n)]
-    for layer in [layer for c in caches or [cache] for layer in getattr(c, "layers", None) or []]:
+    from ..models.nlp import cache_layers
+
+    for layer in cache_layers(cache):
         for value in vars(layer).values():
             if isinstance(value, torch.Tensor) and hasattr(value, "_dynamo_static_input_type"):
                 del value._dynamo_static_input_type

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 from ..core.errors import UnsupportedError
-from .artifacts import artifact_dir, digests, intact
-from .exports import atomic_files
+from .artifacts import artifact_dir
+from .exports import cached_artifact
 
 MODEL_FILE = "model.gguf"
 TENSOR_TYPES = {"fp32": "F32", "bf16": "BF16", "fp16": "F16", "int8": "Q8_0", "int4": "Q4_0"}
@@ -48,21 +48,18 @@ def gguf_file(step, precision: str, model_name: str, weights_id: str) -> tuple[P
     # The weights' digest is the built model's, and aio's engine strategies convert its bf16 working copy:
     # the source dtype is part of the key, except for BF16, which both sources give bit for bit (one file,
     # its pages shared when two configurations map it)
-    source = None if TENSOR_TYPES[precision] == "BF16" else str(next(model.parameters()).dtype)
+    source = None if kind == "BF16" else str(next(model.parameters()).dtype)
     folder = artifact_dir("gguf", model_name, weights=weights_id, source=source, precision=precision,
                           versions=versions())
-    meta_file = folder / "meta.json"
-    if meta_file.is_file():
-        meta = json.loads(meta_file.read_text())
-        if intact(folder, meta.get("digests")):
-            return folder / MODEL_FILE, {**meta["info"], "cached": True}
-    start = time.perf_counter()
-    with atomic_files(folder, MODEL_FILE) as scratch:
+
+    def make(scratch):
+        start = time.perf_counter()
         info = _write(scratch / MODEL_FILE, model, getattr(step, "tokenizer", None), kind)
-    info = {**info, "tensor_type": kind, "format": FORMATS[kind], "file": str(folder / MODEL_FILE),
-            "convert_s": round(time.perf_counter() - start, 2)}
-    meta_file.write_text(json.dumps({"info": info, "digests": digests(folder, [MODEL_FILE])}, indent=1))
-    return folder / MODEL_FILE, info
+        return {**info, "tensor_type": kind, "format": FORMATS[kind], "file": str(folder / MODEL_FILE),
+                "convert_s": round(time.perf_counter() - start, 2)}
+
+    info, cached = cached_artifact(folder, MODEL_FILE, make)
+    return folder / MODEL_FILE, {**info, **({"cached": True} if cached else {})}
 
 
 def _write(path: Path, model, tokenizer, kind: str) -> dict:
@@ -174,10 +171,7 @@ def _add_tokenizer(writer, tokenizer, config) -> str:
         if model.get("type") == "BPE":
             vocab = sorted(model["vocab"].items(), key=lambda kv: kv[1])
             tokens = [t for t, _ in vocab]
-            added = {t.id: t.content for t in tokenizer.backend_tokenizer.get_added_tokens_decoder().values()} \
-                if hasattr(tokenizer.backend_tokenizer, "get_added_tokens_decoder") else {}
-            for i, text in sorted(tokenizer.added_tokens_decoder.items()):
-                added.setdefault(i, str(text))
+            added = {i: str(token) for i, token in tokenizer.added_tokens_decoder.items()}
             tokens += [added.get(i, f"<unused{i}>") for i in range(len(tokens), config.vocab_size)]
             merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
             _tokens(writer, config, tokens[:config.vocab_size], merges, special | set(added))
@@ -204,14 +198,11 @@ def _tokens(writer, config, tokens, merges, control) -> None:
 
 
 def _byte_alphabet() -> list[str]:
-    """GPT-2's printable stand-ins for the 256 byte values (byte-level BPE)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return [chars[b] for b in range(256)]
+    """GPT-2's printable stand-ins for the 256 byte values (byte-level BPE), as transformers maps them."""
+    from ..models.nlp import load_transformers
+
+    load_transformers()             # transformers importable on this torch (models/nlp.py)
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    mapping = bytes_to_unicode()
+    return [mapping[b] for b in range(256)]

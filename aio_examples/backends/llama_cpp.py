@@ -29,6 +29,7 @@ class LlamaCppBackend(EngineBackend):
 
         llama_only(model)
         one_sequence(example_inputs, self.name)
+        self.refuse_precision(precision)
         path, info = gguf_file(model, precision, ctx.model_name, ctx.weights_id)
         seq_len, new_tokens = example_inputs[-1].shape[1], ctx.shape["new_tokens"]
         start = time.perf_counter()

@@ -11,9 +11,9 @@ import json
 from pathlib import Path
 
 from ..core.errors import UnsupportedError
-from .artifacts import artifact_dir, digests, intact
+from .artifacts import artifact_dir
 from .base import Backend
-from .exports import atomic_files
+from .exports import cached_artifact
 
 # The engine's own weights against the built model's fp32 ones (its format's bytes per weight, scales included)
 _WEIGHT_SHARE = {"fp32": 1.0, "bf16": 0.5, "fp16": 0.5, "int8": 0.3, "int4": 0.2}
@@ -41,9 +41,18 @@ class EngineBackend(Backend):
 
         if not is_generator(spec.task):
             return f"{self.engine} runs text generation only"
+        return self._precision_reason(precision)
+
+    def _precision_reason(self, precision) -> str | None:
         if precision not in self.precisions:
             return f"{self.precisions_why}, not {precision} (accepted: {', '.join(self.precisions)})"
         return None
+
+    def refuse_precision(self, precision) -> None:
+        """In `prepare`: aio's strategies reach it without `unsupported_reason`."""
+        reason = self._precision_reason(precision)
+        if reason:
+            raise UnsupportedError(reason)
 
     def working_copy(self, model, precision):
         return model            # only read, to write the engine's own format: no copy needed
@@ -89,13 +98,10 @@ def hf_folder(step, model_name: str, weights_id: str) -> Path:
     stand-in word-level one of its vocabulary size: token ids are fed to the engines directly. Special token
     ids a shrunk vocabulary lost are set to its last ids, which builders require."""
     folder = artifact_dir("hf-folder", model_name, weights=weights_id, source=str(next(step.parameters()).dtype))
-    meta_file = folder / "meta.json"
-    if meta_file.is_file() and intact(folder, json.loads(meta_file.read_text()).get("digests")):
-        return folder
-    model, tokenizer = step.model, getattr(step, "tokenizer", None)
-    config = model.config
-    vocab = config.vocab_size
-    with atomic_files(folder, "config.json") as scratch:
+
+    def make(scratch):
+        model, tokenizer = step.model, getattr(step, "tokenizer", None)
+        vocab = model.config.vocab_size
         model.save_pretrained(scratch)
         saved = json.loads((scratch / "config.json").read_text())
         for key, fallback in (("bos_token_id", vocab - 2), ("eos_token_id", vocab - 1)):
@@ -106,8 +112,9 @@ def hf_folder(step, model_name: str, weights_id: str) -> Path:
             tokenizer.save_pretrained(scratch)
         else:
             _stand_in_tokenizer(vocab, saved["bos_token_id"], saved["eos_token_id"]).save_pretrained(scratch)
-    files = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name not in ("meta.json", "key.json"))
-    meta_file.write_text(json.dumps({"digests": digests(folder, files)}, indent=1))
+        return {}
+
+    cached_artifact(folder, "config.json", make)
     return folder
 
 

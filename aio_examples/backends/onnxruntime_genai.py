@@ -2,14 +2,15 @@
 the harness built (saved as a Hugging Face folder), fp32 or int4 (MatMulNBits), on the CPU provider."""
 
 import json
+import shutil
 import subprocess
 import sys
 import time
 
 from ..core.errors import UnsupportedError
-from .artifacts import artifact_dir, digests, intact
+from .artifacts import artifact_dir
 from .base import Prepared
-from .exports import atomic_files
+from .exports import cached_artifact
 from .llm_engines import Engine, EngineBackend, hf_folder, llama_only, one_sequence
 
 # The builder's precisions on CPU; int4: blocks of 32 weights with an fp32 scale (MatMulNBits), and
@@ -36,8 +37,7 @@ class OnnxRuntimeGenAIBackend(EngineBackend):
 
         llama_only(model)
         one_sequence(example_inputs, self.name)
-        if precision not in PRECISIONS:
-            raise UnsupportedError(f"ONNX Runtime GenAI's builder makes fp32 and int4 models for the CPU, not {precision}")
+        self.refuse_precision(precision)
         folder, info = _built(model, precision, ctx)
         config = og.Config(str(folder))
         config.clear_providers()        # the CPU provider
@@ -58,29 +58,25 @@ def _built(model, precision: str, ctx) -> tuple:
 
     folder = artifact_dir("onnxruntime-genai", ctx.model_name, weights=ctx.weights_id, precision=precision,
                           source=str(next(model.parameters()).dtype), version=og.__version__)
-    meta_file = folder / "meta.json"
-    if meta_file.is_file():
-        meta = json.loads(meta_file.read_text())
-        if intact(folder, meta.get("digests")):
-            return folder, {**meta["info"], **_what_runs(folder / "model.onnx"), "cached": True}
-    source = hf_folder(model, ctx.model_name, ctx.weights_id)
-    start = time.perf_counter()
     extra = ["--extra_options", f"int4_block_size={INT4_BLOCK}", f"int4_accuracy_level={INT4_ACCURACY}"] \
         if precision == "int4" else []
-    with atomic_files(folder, MODEL_FILE) as scratch:
+
+    def make(scratch):
+        source = hf_folder(model, ctx.model_name, ctx.weights_id)
+        start = time.perf_counter()
         run = subprocess.run([sys.executable, "-c", _BUILDER, "-i", str(source), "-o", str(scratch),
                               "-p", PRECISIONS[precision], "-e", "cpu", "-c", str(scratch / ".cache"), *extra],
                              check=False, capture_output=True, text=True)
         if run.returncode:
             last = (run.stderr.strip().splitlines() or ["no message"])[-1]
             raise UnsupportedError(f"ONNX Runtime GenAI's model builder failed: {last[:300]}")
-        _drop(scratch / ".cache")
-    info = {"builder": f"onnxruntime_genai.models.builder -p {PRECISIONS[precision]} -e cpu",
-            **_what_runs(folder / "model.onnx"), "convert_s": round(time.perf_counter() - start, 2),
-            "folder": str(folder)}
-    files = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name not in ("meta.json", "key.json"))
-    meta_file.write_text(json.dumps({"info": info, "digests": digests(folder, files)}, indent=1))
-    return folder, info
+        shutil.rmtree(scratch / ".cache", ignore_errors=True)
+        return {"builder": f"onnxruntime_genai.models.builder -p {PRECISIONS[precision]} -e cpu",
+                "convert_s": round(time.perf_counter() - start, 2), "folder": str(folder)}
+
+    info, cached = cached_artifact(folder, MODEL_FILE, make)
+    # what the built graph runs, read from it each time (cheap: without its weights)
+    return folder, {**info, **_what_runs(folder / "model.onnx"), **({"cached": True} if cached else {})}
 
 
 def _what_runs(path) -> dict:
@@ -101,12 +97,6 @@ def _what_runs(path) -> dict:
                       f"accuracy level {attrs.get('accuracy_level')}"
                       + (" (int8 activations)" if attrs.get("accuracy_level") == 4 else ""))
     return out
-
-
-def _drop(path) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
 
 
 class _Engine(Engine):

@@ -81,9 +81,9 @@ def _check_memory(spec: ModelSpec, batch_size: int, shape: dict, backends: list[
     import psutil
 
     weights, generator = spec.weight_bytes(), is_generator(spec.task)
-    copies = {f"{b}/{p}": get_backend(b).memory_estimate(weights, p, generator)
-              for p in precisions for b in backends if (b, p) != ("eager", "fp32") and not (
-                  get_backend(b).unavailable_reason() or get_backend(b).unsupported_reason(spec, p))}
+    runnable = [(b, p, get_backend(b)) for p in precisions for b in backends if (b, p) != ("eager", "fp32")]
+    copies = {f"{b}/{p}": backend.memory_estimate(weights, p, generator) for b, p, backend in runnable
+              if not (backend.unavailable_reason() or backend.unsupported_reason(spec, p))}
     need, have = spec.memory_estimate(batch_size, shape) + sum(copies.values()), psutil.virtual_memory().available
     if need <= have:
         return

@@ -292,11 +292,15 @@ class EngineGeneration:
         return self.engine.teacher_forced(self.prompt, tokens, steps)
 
 
+def cache_layers(cache) -> list:
+    """A transformers cache's layers (an encoder-decoder's: those of its self- and cross-attention caches)."""
+    caches = [getattr(cache, n) for n in ("self_attention_cache", "cross_attention_cache") if hasattr(cache, n)]
+    return [layer for c in caches or [cache] for layer in getattr(c, "layers", None) or []]
+
+
 def _cache_bytes(cache) -> int | None:
     """Bytes of a static cache's keys and values (an encoder-decoder's: its self- and cross-attention caches)."""
-    caches = [getattr(cache, n) for n in ("self_attention_cache", "cross_attention_cache") if hasattr(cache, n)]
-    layers = [layer for c in caches or [cache] for layer in getattr(c, "layers", None) or []]
-    tensors = [t for layer in layers for t in (getattr(layer, "keys", None), getattr(layer, "values", None))
+    tensors = [t for layer in cache_layers(cache) for t in (getattr(layer, "keys", None), getattr(layer, "values", None))
                if isinstance(t, torch.Tensor)]
     return sum(t.numel() * t.element_size() for t in tensors) or None
 
