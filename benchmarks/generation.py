@@ -62,7 +62,7 @@ def main() -> int:
     parser.add_argument("--model", default="llama_3_2_1b")
     parser.add_argument("--precisions", default="bf16,int8,int4", help="each in its own run, beside eager fp32")
     # the engines first: their conversions write files while the torch paths' copies do not exist yet
-    parser.add_argument("--backends", default="llama_cpp,onnxruntime_genai,eager,inductor,aio",
+    parser.add_argument("--backends", default="llama_cpp,openvino_genai,onnxruntime_genai,eager,inductor,aio",
                         help="a precision an engine does not run is recorded as unsupported, with the reason")
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=128)

@@ -8,16 +8,17 @@ from .llama_cpp import LlamaCppBackend
 from .onnxruntime import OnnxRuntimeBackend
 from .onnxruntime_genai import OnnxRuntimeGenAIBackend
 from .openvino import OpenVinoBackend
+from .openvino_genai import OpenVINOGenAIBackend
 from .optimized import AioBackend
 from .torchscript import TorchScriptBackend
 
 # The engines are built first: the optimized backend runs its strategies on these same instances.
 _eager, _inductor, _onnxruntime, _openvino = EagerBackend(), InductorBackend(), OnnxRuntimeBackend(), OpenVinoBackend()
-_llama_cpp, _onnxruntime_genai = LlamaCppBackend(), OnnxRuntimeGenAIBackend()
+_llama_cpp, _onnxruntime_genai, _openvino_genai = LlamaCppBackend(), OnnxRuntimeGenAIBackend(), OpenVINOGenAIBackend()
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
     AioBackend(engines={e.name: e for e in (_onnxruntime, _openvino, _inductor, _eager, _llama_cpp,
-                                             _onnxruntime_genai)}),
+                                             _onnxruntime_genai, _openvino_genai)}),
     _eager,
     TorchScriptBackend(),
     _inductor,
@@ -25,6 +26,7 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     _openvino,
     _llama_cpp,
     _onnxruntime_genai,
+    _openvino_genai,
 )}
 
 DEFAULT_BACKEND = "aio"

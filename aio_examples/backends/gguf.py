@@ -14,8 +14,10 @@ from pathlib import Path
 from ..core.errors import UnsupportedError
 from .artifacts import artifact_dir
 from .exports import cached_artifact
+from .llm_engines import special_ids
 
 MODEL_FILE = "model.gguf"
+WRITER = 2           # this module's own revision: raised when what it writes changes, so old files are remade
 TENSOR_TYPES = {"fp32": "F32", "bf16": "BF16", "fp16": "F16", "int8": "Q8_0", "int4": "Q4_0"}
 FORMATS = {"F32": "fp32 weights", "BF16": "bf16 weights", "F16": "fp16 weights",
            "Q8_0": "int8 weights, blocks of 32 with one fp16 scale", "Q4_0": "int4 weights, blocks of 32 with one fp16 scale"}
@@ -32,37 +34,42 @@ def versions() -> dict:
 
     import gguf
 
-    return {"gguf": version("gguf"), "format": gguf.GGUF_VERSION}
+    return {"gguf": version("gguf"), "format": gguf.GGUF_VERSION, "writer": WRITER}
 
 
-def gguf_file(step, precision: str, model_name: str, weights_id: str) -> tuple[Path, dict]:
+def gguf_file(step, precision: str, model_name: str, weights_id: str, kind: str | None = None) -> tuple[Path, dict]:
     """The GGUF file of a generation step's causal LM at `precision`, written on first use. Returns the path and
-    what it holds (tensor type, its format, the tokenizer kind, conversion seconds or `cached`)."""
+    what it holds (tensor type, its format, the tokenizer kind, conversion seconds or `cached`).
+
+    `kind` overrides the tensor type for an engine that cannot read the precision's own: bf16 as F16 holds
+    the bf16-rounded weights, exactly wherever they lie in F16's range (the share that does not is recorded)."""
     model = step.model
     config = model.config
     if getattr(config, "model_type", None) != "llama":
         raise UnsupportedError(f"only Llama-architecture models are written as GGUF here, not {config.model_type!r}")
     if precision not in TENSOR_TYPES:
         raise UnsupportedError(f"GGUF has no tensor type for {precision}; accepted: {', '.join(TENSOR_TYPES)}")
-    kind = TENSOR_TYPES[precision]
+    kind = kind or TENSOR_TYPES[precision]
+    rounded = precision == "bf16" and kind != "BF16"
     # The weights' digest is the built model's, and aio's engine strategies convert its bf16 working copy:
     # the source dtype is part of the key, except for BF16, which both sources give bit for bit (one file,
     # its pages shared when two configurations map it)
     source = None if kind == "BF16" else str(next(model.parameters()).dtype)
-    folder = artifact_dir("gguf", model_name, weights=weights_id, source=source, precision=precision,
-                          versions=versions())
+    folder = artifact_dir("gguf", model_name, weights=weights_id, source=source, tensor_type=kind,
+                          rounded_to="bf16" if rounded else None, versions=versions())
 
     def make(scratch):
         start = time.perf_counter()
-        info = _write(scratch / MODEL_FILE, model, getattr(step, "tokenizer", None), kind)
-        return {**info, "tensor_type": kind, "format": FORMATS[kind], "file": str(folder / MODEL_FILE),
+        info = _write(scratch / MODEL_FILE, model, getattr(step, "tokenizer", None), kind, rounded)
+        return {**info, "tensor_type": kind, "format": FORMATS[kind] + (", bf16-rounded" if rounded else ""),
+                "file": str(folder / MODEL_FILE),
                 "convert_s": round(time.perf_counter() - start, 2)}
 
     info, cached = cached_artifact(folder, MODEL_FILE, make)
     return folder / MODEL_FILE, {**info, **({"cached": True} if cached else {})}
 
 
-def _write(path: Path, model, tokenizer, kind: str) -> dict:
+def _write(path: Path, model, tokenizer, kind: str, rounded: bool = False) -> dict:
     import gguf
     import numpy as np
     import torch
@@ -92,11 +99,18 @@ def _write(path: Path, model, tokenizer, kind: str) -> dict:
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)         # llama.cpp reads a missing output as the tied embeddings
     qtype = getattr(gguf.GGMLQuantizationType, kind)
+    inexact = total = 0
     for name, tensor in state.items():
         out = _gguf_name(name)
         if out is None:
             continue
-        data = tensor.detach().float().numpy()
+        tensor = tensor.detach()
+        if rounded:
+            tensor = tensor.to(torch.bfloat16)
+            if tensor.dim() > 1 and kind == "F16":
+                inexact += int((tensor.to(torch.float16).to(torch.bfloat16) != tensor).sum())
+                total += tensor.numel()
+        data = tensor.float().numpy()
         if out.endswith("attn_q"):
             data = _interleave_rope(data, heads)
         elif out.endswith("attn_k"):
@@ -116,7 +130,10 @@ def _write(path: Path, model, tokenizer, kind: str) -> dict:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return {"tokenizer": tokenizer_kind}
+    info = {"tokenizer": tokenizer_kind}
+    if total:
+        info["f16_inexact_share"] = inexact / total      # bf16 weights outside F16's range or precision
+    return info
 
 
 def _gguf_name(name: str) -> str | None:
@@ -165,7 +182,7 @@ def _add_tokenizer(writer, tokenizer, config) -> str:
     """A byte-level BPE vocabulary (the kind both engines read from GGUF): the model folder's own when it has
     one, else a stand-in of the model's vocabulary size. Token ids are what the engines are fed, so the
     stand-in only has to load; its 256 byte tokens make every id printable."""
-    special = {i for i in (config.bos_token_id, config.eos_token_id) if isinstance(i, int)}
+    special = set(special_ids(config))
     if tokenizer is not None and getattr(tokenizer, "is_fast", False):
         model = json.loads(tokenizer.backend_tokenizer.to_str())["model"]
         if model.get("type") == "BPE":
@@ -191,9 +208,9 @@ def _tokens(writer, config, tokens, merges, control) -> None:
     writer.add_token_types([gguf.TokenType.CONTROL if i in control else gguf.TokenType.NORMAL
                             for i in range(len(tokens))])
     writer.add_token_merges(merges)
-    for token_id, add in ((config.bos_token_id, writer.add_bos_token_id), (config.eos_token_id, writer.add_eos_token_id)):
-        if isinstance(token_id, int):
-            add(token_id)
+    bos, eos = special_ids(config)
+    writer.add_bos_token_id(bos)
+    writer.add_eos_token_id(eos)
     writer.add_add_bos_token(False)          # the prompt's token ids are given as they are
 
 

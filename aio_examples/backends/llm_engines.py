@@ -58,7 +58,7 @@ class EngineBackend(Backend):
         return model            # only read, to write the engine's own format: no copy needed
 
     def memory_estimate(self, weight_bytes, precision, generator):
-        return weight_bytes * _WEIGHT_SHARE.get(precision, 1.0)
+        return weight_bytes * _WEIGHT_SHARE.get(precision, 1.0) * self.copies_held
 
 
 class Engine:
@@ -104,9 +104,7 @@ def hf_folder(step, model_name: str, weights_id: str) -> Path:
         vocab = model.config.vocab_size
         model.save_pretrained(scratch)
         saved = json.loads((scratch / "config.json").read_text())
-        for key, fallback in (("bos_token_id", vocab - 2), ("eos_token_id", vocab - 1)):
-            if not isinstance(saved.get(key), int) or saved[key] >= vocab:
-                saved[key] = fallback
+        saved["bos_token_id"], saved["eos_token_id"] = special_ids(model.config)
         (scratch / "config.json").write_text(json.dumps(saved, indent=1))
         if tokenizer is not None:
             tokenizer.save_pretrained(scratch)
@@ -116,6 +114,19 @@ def hf_folder(step, model_name: str, weights_id: str) -> Path:
 
     cached_artifact(folder, "config.json", make)
     return folder
+
+
+def special_ids(config) -> tuple[int, int]:
+    """(bos, eos) inside the vocabulary: a shrunk vocabulary (a small test model of a large one) loses the
+    model's own, and builders and tokenizers need both, so its last two ids stand in."""
+    vocab = config.vocab_size
+    ids = []
+    for key, fallback in (("bos_token_id", vocab - 2), ("eos_token_id", vocab - 1)):
+        value = getattr(config, key, None)
+        if isinstance(value, list):          # Llama 3.1+: several end-of-sequence ids; the first is the main one
+            value = value[0] if value else None
+        ids.append(value if isinstance(value, int) and 0 <= value < vocab else fallback)
+    return ids[0], ids[1]
 
 
 def _stand_in_tokenizer(vocab: int, bos: int, eos: int):

@@ -28,7 +28,7 @@ STRATEGIES = ("compiled", "onnxruntime", "openvino")
 # torchao's int4: the record's precision_mode says which ran). They go first: their weights take the least
 # memory (a GGUF file another configuration maps is shared), and a strategy that no longer fits is not
 # tried. Eager last: it takes the model handed in.
-GENERATION_STRATEGIES = ("llama_cpp", "onnxruntime_genai", "compiled", "inductor", "eager")
+GENERATION_STRATEGIES = ("llama_cpp", "onnxruntime_genai", "openvino_genai", "compiled", "inductor", "eager")
 
 
 def strategies_for(model, engines: dict | None = None) -> tuple:

@@ -87,7 +87,9 @@ def check_outputs(task: str, reference, output, precision: str, judge_agreement:
                      {"cosine": None})
     metrics.update(_numeric(ref, out))
     metrics["agreement"] = _task_agreement(task, ref, out)
-    metrics["judged"] = ["cosine"] + (list(metrics["agreement"]) if judge_agreement else [])
+    # an engine without logits gives tokens alone: no cosine to judge
+    metrics["judged"] = (["cosine"] if metrics["cosine"] is not None else []) + \
+        (list(metrics["agreement"]) if judge_agreement else [])
     cosine = metrics["cosine"]
     if cosine is not None and cosine < COSINE_MIN[precision]:
         return Check(precision, False, f"cosine similarity {cosine:.4f} with eager fp32 is below "
