@@ -21,8 +21,8 @@ from .llm_engines import Engine, EngineBackend, llama_only, one_sequence
 
 # precision -> (GGUF tensor type written, inference precision, KV-cache precision). Its GGUF reader takes
 # F16, Q8_0 and Q4_0 weights, not F32 or BF16: bf16 is written as F16 holding the bf16-rounded weights and
-# computed in bf16. int8/int4 compute in bf16 (with OpenVINO's own dynamic int8 quantization of the
-# activations where it applies, read back), like the torch paths' bf16 activations.
+# computed in bf16. int8/int4 compute in bf16 like the torch paths' activations (f32 on a CPU without bf16),
+# with OpenVINO's own dynamic int8 quantization of the activations where it applies (read back).
 PRECISIONS = {"bf16": ("F16", "bf16", "bf16"), "fp16": ("F16", "f16", "f16"),
               "int8": ("Q8_0", "bf16", "bf16"), "int4": ("Q4_0", "bf16", "bf16")}
 _NEEDS = {"bf16": "BF16", "f16": "FP16"}            # OPTIMIZATION_CAPABILITIES a compute type needs natively
@@ -65,7 +65,7 @@ class OpenVINOGenAIBackend(EngineBackend):
         if (getattr(config, "head_dim", None) or config.hidden_size // heads) * heads != config.hidden_size:
             raise UnsupportedError("OpenVINO GenAI's GGUF reader takes head size = hidden size / heads, not "
                                    f"head_dim {config.head_dim} with hidden size {config.hidden_size} and {heads} heads")
-        kind, compute, kv = PRECISIONS[precision]
+        kind, compute, kv = _pins(precision)
         path, info = gguf_file(model, precision, ctx.model_name, ctx.weights_id, kind=kind)
         seq_len = example_inputs[-1].shape[1]
         scheduler = og.SchedulerConfig()
@@ -100,6 +100,15 @@ class OpenVINOGenAIBackend(EngineBackend):
         mode = _mode(kind, read.get("INFERENCE_PRECISION_HINT", compute), read.get("DYNAMIC_QUANTIZATION_GROUP_SIZE"))
         engine = _Engine(og, pipe, {"weight_bytes": os.path.getsize(path)})
         return Prepared(engine, example_inputs, mode, info)
+
+
+def _pins(precision: str) -> tuple[str, str, str]:
+    import openvino as ov
+
+    kind, compute, kv = PRECISIONS[precision]
+    if precision in ("int8", "int4") and "BF16" not in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
+        compute = kv = "f32"
+    return kind, compute, kv
 
 
 def _mode(kind: str, compute: str, dq_group) -> str:
