@@ -245,6 +245,68 @@ def do_throughput(args) -> int:
     return 0
 
 
+def do_loadgen(args) -> int:
+    from ..backends import get_backend
+    from ..core.precision import validate
+    from ..core.records import check_output_dir, lock_output
+    from ..drivers.loadgen import ServingSettings, Session, check_fits, find_peak
+    from ..machine.allocators import validate as valid_allocator
+    from ..machine.topology import numa_cpus_from_env, read_topology
+    from ..models import get_model
+
+    scenario = "Server" if args.find_peak and args.scenario == "Server" else args.scenario
+    if args.find_peak and args.scenario != "Server":
+        raise UsageError(f"--find-peak searches Server rates, not {args.scenario}; accepted: --scenario Server")
+    settings = ServingSettings(scenario, args.mode, args.duration, args.min_queries,
+                               None if args.find_peak else args.target_qps, args.latency_ms, args.batch_timeout_ms,
+                               args.official) if not args.find_peak else None
+    if args.find_peak:      # the same checks as a Server run's, at any rate
+        ServingSettings("Server", args.mode, args.duration, args.min_queries, 1.0, args.latency_ms)
+        if args.target_qps is not None:
+            raise UsageError("--find-peak searches the rate itself; accepted: --target-qps or --find-peak, not both")
+    spec = get_model(args.model).with_config(args.config_override)
+    check_fits(spec, settings or ServingSettings("Server", target_qps=1.0), args.batch_size)
+    validate(args.precision)
+    get_backend(args.backend)
+    valid_allocator(args.allocator)
+    threads = args.threads_per_instance or max(1, read_topology().physical_cores // args.instances)
+    out = check_output_dir(args.output)
+    shape = _shape_overrides(args)
+    with lock_output(out, f"a LoadGen run of {args.model}"), \
+            Session(args.model, args.backend, args.precision, args.batch_size, args.instances, threads, out, shape,
+                    args.allocator, numa_cpus_from_env(), args.config_override) as session:
+        peak = find_peak(session, args.latency_ms, args.duration, args.min_queries, args.official) \
+            if args.find_peak else None
+        if settings is not None:
+            session.run(settings)
+    for r in session.records:
+        print(_loadgen_line(r))
+    print(f"records appended to {out / 'results.jsonl'}; LoadGen's logs in {session.folder}")
+    if peak is not None:
+        return 0 if peak.get("peak_qps") else 1
+    return 0 if all(r.status == "ok" for r in session.records) else 1
+
+
+def _loadgen_line(r) -> str:
+    sc = r.scenario
+    what = f"{r.model} {r.backend}/{r.precision} b{r.batch_size} {r.instances}x{r.threads}"
+    if r.status != "ok":
+        return f"{sc.get('scenario')} {what}: {r.status}: {r.reason}"
+    lg = r.metrics.get("loadgen", {})
+    if sc.get("key") == "loadgen-server-peak":
+        tried = ", ".join(f"{x['target_qps']:g}/s {x['validity']}" for x in lg["runs"])
+        return (f"peak Server rate under {lg['latency_ms']:g} ms (p99): {lg['peak_qps']:.2f} queries/s "
+                f"(Offline {lg['offline_qps']:.2f}/s; tried {tried})")
+    lat = lg.get("latency_ms", {})
+    figure = {"Offline": f"{lg.get('samples_per_s') or 0:.2f} samples/s",
+              "Server": f"{sc.get('target_qps'):g} queries/s offered, p99 {lat.get('p99', float('nan')):.1f} ms "
+                        f"(bound {sc.get('latency_ms'):g} ms)",
+              "SingleStream": f"p90 {lat.get('p90', float('nan')):.2f} ms",
+              "MultiStream": f"p99 {lat.get('p99', float('nan')):.2f} ms per 8-sample query"}[sc["scenario"]]
+    why = f" ({'; '.join(lg['reasons'])})" if lg.get("reasons") else ""
+    return f"{sc['scenario']} {what}: {figure}: {lg.get('validity')}{why}"
+
+
 def do_report(args) -> int:
     from ..reporting.report import build_report
 
@@ -380,6 +442,6 @@ def do_nightly(args) -> int:
     return code
 
 
-COMMANDS = {"list": do_list, "matrix": do_matrix, "sweep": do_sweep, "throughput": do_throughput,
+COMMANDS = {"list": do_list, "matrix": do_matrix, "sweep": do_sweep, "throughput": do_throughput, "loadgen": do_loadgen,
             "report": do_report, "peak": do_peak, "setup": do_setup, "compare": do_compare,
             "history": do_history, "nightly": do_nightly}

@@ -95,6 +95,42 @@ def _add_drivers(sub) -> None:
     tp.add_argument("--output", default="results", help="folder for results.jsonl (default ./results)")
 
 
+def _add_loadgen(sub) -> None:
+    """loadgen: serving scenarios under MLPerf LoadGen."""
+    from ..drivers.loadgen import MODES, QUICK_DURATION_S, SCENARIOS
+
+    lg = sub.add_parser("loadgen", help="serving scenarios under MLPerf LoadGen: SingleStream, MultiStream, Offline, "
+                                        "Server (and its peak rate under a latency bound)")
+    lg.add_argument("model")
+    lg.add_argument("--scenario", required=True, help=f"one of {', '.join(SCENARIOS)}")
+    lg.add_argument("--mode", default="performance", help=f"one of {', '.join(MODES)} (default performance)")
+    lg.add_argument("--backend", default="aio")
+    lg.add_argument("-p", "--precision", default="fp32")
+    lg.add_argument("-b", "--batch-size", type=positive("-b/--batch-size"), default=1,
+                    help="samples an instance runs in one pass (Offline, MultiStream; Server: a dynamic batch)")
+    lg.add_argument("--instances", type=positive("--instances"), default=1,
+                    help="instance processes, each bound to its own cores (default 1)")
+    lg.add_argument("--threads-per-instance", type=positive("--threads-per-instance"), default=None,
+                    help="default: the physical cores / instances")
+    lg.add_argument("--target-qps", type=float, default=None, help="Server: the Poisson arrival rate (queries/s)")
+    lg.add_argument("--latency-ms", type=float, default=None, help="Server: the p99 latency bound (default 100)")
+    lg.add_argument("--find-peak", action="store_true",
+                    help="Server: the highest rate LoadGen judges VALID under --latency-ms (runs Offline first)")
+    lg.add_argument("--duration", type=float, default=QUICK_DURATION_S,
+                    help=f"minimum seconds of each LoadGen test (default {QUICK_DURATION_S:g})")
+    lg.add_argument("--min-queries", type=positive("--min-queries"), default=None,
+                    help="minimum queries (default: what LoadGen's early stopping needs for the scenario)")
+    lg.add_argument("--batch-timeout-ms", type=float, default=5.0,
+                    help="Server with -b > 1: how long a batch waits to fill (default 5)")
+    lg.add_argument("--official", action="store_true",
+                    help="LoadGen's MLPerf settings (its built-in mlperf.conf: 10 minutes, fixed seeds)")
+    lg.add_argument("--allocator", default="default", help="default, tcmalloc, jemalloc or hugetlb")
+    lg.add_argument("--input-size", type=positive("--input-size"), default=None)
+    lg.add_argument("--seq-len", type=positive("--seq-len"), default=None)
+    lg.add_argument("--config-override", action="append", default=None, metavar="KEY=VALUE")
+    lg.add_argument("--output", default="results", help="folder for results.jsonl and loadgen/ logs (default ./results)")
+
+
 def _add_reports(sub) -> None:
     """peak and report."""
     pk = sub.add_parser("peak", help="this machine's matrix-multiply peak per precision and threads, and its memory "
@@ -163,6 +199,6 @@ def build_parser() -> argparse.ArgumentParser:
     list_p.add_argument("--no-flops", action="store_true", help="skip counting FLOPs (counted once, then cached)")
     list_p.add_argument("--json", action="store_true")
     sub.add_parser("setup", help="check (and adapt) the installed libraries")
-    for add in (_add_drivers, _add_reports, _add_analysis):
+    for add in (_add_drivers, _add_loadgen, _add_reports, _add_analysis):
         add(sub)
     return parser

@@ -84,6 +84,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--barrier", default=None, help=argparse.SUPPRESS)
     p.add_argument("--turns", default=None, help=argparse.SUPPRESS)     # READ_FD,WRITE_FD from a sweep (drivers/turns.py)
     p.add_argument("--group", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--serve", default=None, help=argparse.SUPPRESS)     # a LoadGen driver's socket (drivers/loadgen.py)
 
 
 def run_argv(model: str, shape: dict, **options) -> list[str]:
@@ -113,15 +114,19 @@ def parse_run_argv(argv: list[str]) -> tuple[str, argparse.Namespace]:
 
 
 def scenario_of(args: argparse.Namespace, task: str | None = None):
-    """The scenario a process's flags ask for: a multi-instance window (--instance), turns a sweep hands out
-    (--turns), else token-by-token generation for a text generator, or interleaved latency rounds."""
+    """The scenario a process's flags ask for: an instance serving LoadGen's queries (--serve), a
+    multi-instance window (--instance), turns a sweep hands out (--turns), else token-by-token generation
+    for a text generator, or interleaved latency rounds."""
     from ..measurement.scenarios import (
         InstanceSync,
+        ServeScenario,
         Turns,
         TurnsScenario,
         WindowScenario,
     )
 
+    if args.serve is not None:
+        return ServeScenario.parse(args.serve, args.instance, args.group or "")
     if args.instance is not None:
         return WindowScenario(InstanceSync.parse(args.instance, args.barrier or ".", args.group or ""))
     if args.turns is not None:

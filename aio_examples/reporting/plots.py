@@ -172,9 +172,29 @@ def plot_decode_lines(rows, x: str, series: list[str], title: str, path: Path) -
     return save(fig, path)
 
 
+def plot_knee(rows, title: str, path: Path) -> Path:
+    """p99 latency against the offered Server rate, one line per backend x precision x batch x layout; VALID
+    points filled, INVALID ones crosses, each line's latency bound dashed."""
+    fig, ax = figure()
+    for key, g in rows.groupby(["backend", "precision", "batch_size", "layout"]):
+        g = g.sort_values("target_qps")
+        line = ax.plot(g.target_qps, g.p99_ms, label=f"{key[0]} {key[1]} b{key[2]} {key[3]}")[0]
+        valid = g.validity == "VALID"
+        ax.scatter(g.target_qps[valid], g.p99_ms[valid], color=line.get_color(), marker="o", zorder=3)
+        ax.scatter(g.target_qps[~valid], g.p99_ms[~valid], color=line.get_color(), marker="x", zorder=3)
+        for bound in g.latency_bound_ms.dropna().unique():
+            ax.axhline(bound, color=line.get_color(), linestyle="--", linewidth=0.8)
+    ax.set_xlabel("offered load (queries/s)")
+    ax.set_ylabel("p99 latency (ms)")
+    ax.set_yscale("log")
+    ax.set_title(title + " (o VALID, x INVALID; dashed: the bound)", fontsize=9)
+    ax.legend(fontsize=7)
+    return save(fig, path)
+
+
 def plot_instances(df, path: Path) -> Path | None:
     """Aggregate throughput per instance layout (N instances x T threads), per model and backend."""
-    ok = df[(df.status == "ok")]
+    ok = df[(df.status == "ok") & ~df.scenario.astype(str).str.startswith("loadgen")]     # LoadGen: its own view
     groups = [(k, g) for k, g in ok.groupby(["model", "backend", "precision", "batch_size"])
               if (g.instances > 1).any()]
     if not groups:

@@ -31,7 +31,7 @@ from ..core import records as res
 from ..core import scores
 from ..core.paths import safe_name
 from ..core.records import KEY_FIELDS, Result
-from . import generation
+from . import generation, serving
 from .page import STYLE, img
 from .plots import plot_accuracy, plot_instances, plot_model, plot_suite
 
@@ -303,7 +303,7 @@ def _environments(records: list[Result]) -> list[dict]:
              "git": (e.get("git_commit") or "")[:10]} for m, e in seen.items()]
 
 
-def write_html(records, df, suite, setting, plots: dict, out: Path, acc=None, gen=None) -> Path:
+def write_html(records, df, suite, setting, plots: dict, out: Path, acc=None, gen=None, serve=None) -> Path:
     """`acc`: the accuracy frame (accuracy_frame), `gen` the generation frame (generation.frame); each section
     only when its frame has rows."""
     import pandas as pd
@@ -352,6 +352,12 @@ def write_html(records, df, suite, setting, plots: dict, out: Path, acc=None, ge
         rows = shown_all[shown_all.model == model].drop(columns=["model", "task", "machine"])
         rows = rows.drop(columns=[c for c in scored if (rows[c] == "").all()])       # other models' metrics
         parts.append(rows.to_html(index=False, classes="results"))
+    if serve is not None and not serve.empty:
+        parts.append("<h2 id='serving'>Serving (MLPerf LoadGen)</h2>")
+        parts.append(serving.table(serve))
+        for model, charts in plots.get("serving", {}).items():
+            for name, path in charts.items():
+                parts.append(img(path, f"{model}: {name}"))
     if plots.get("instances"):
         parts.append("<h2 id='instances'>Multi-instance scaling</h2>")
         parts.append(img(plots["instances"], "aggregate throughput per instance layout"))
@@ -386,12 +392,14 @@ def build_report(paths, out_dir, include_contended: bool = False) -> dict:
     primary = primary_metrics(records)
     acc = accuracy_frame(df, primary)
     gen = generation.frame(records)
+    serve = serving.frame(records)
     plots = {"suite": plot_suite(suite, setting, plot_dir / "suite-speedup.png"),
              "models": {m: {**plot_model(df, m, plot_dir),
                             **(accuracy_plots(acc, m, primary[m], plot_dir) if m in primary else {}),
                             **generation.plots(gen, m, plot_dir)}
                         for m in sorted(df.model.unique())},
-             "instances": plot_instances(df, plot_dir / "instances.png")}
-    written["html"] = write_html(records, df, suite, setting, plots, out, acc, gen)
+             "instances": plot_instances(df, plot_dir / "instances.png"),
+             "serving": {m: serving.plots(serve, m, plot_dir) for m in sorted(serve.model.unique())} if not serve.empty else {}}
+    written["html"] = write_html(records, df, suite, setting, plots, out, acc, gen, serve)
     written["records"] = len(records)
     return written

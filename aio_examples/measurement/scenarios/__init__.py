@@ -3,6 +3,7 @@
 from .base import Scenario
 from .generation import GenerationScenario
 from .latency import LatencyScenario
+from .serve import ServeScenario
 from .turns import Turns, TurnsScenario
 from .window import InstanceSync, WindowScenario
 
@@ -12,6 +13,7 @@ SCENARIOS: dict[str, type[Scenario]] = {s.name: s for s in (
     GenerationScenario,
     TurnsScenario,
     WindowScenario,
+    ServeScenario,
 )}
 
-__all__ = ["SCENARIOS", "GenerationScenario", "InstanceSync", "LatencyScenario", "Scenario", "Turns", "TurnsScenario", "WindowScenario"]
+__all__ = ["SCENARIOS", "GenerationScenario", "InstanceSync", "LatencyScenario", "Scenario", "ServeScenario", "Turns", "TurnsScenario", "WindowScenario"]

@@ -1,0 +1,540 @@
+"""Serving scenarios under MLPerf LoadGen (`mlperf_loadgen`, from the `mlcommons-loadgen` package).
+
+LoadGen issues the queries; this process is its system under test (SUT) and query sample library (QSL).
+The SUT is N instance processes x T threads on disjoint cores, started and bound as the multi-instance
+throughput driver starts them, each preparing its one configuration and then serving passes
+(measurement/scenarios/serve.py). One feeder thread per instance takes the samples LoadGen issued from a
+shared queue, up to the batch size at a time, hands them to its instance and reports them complete to
+LoadGen the moment the instance answers.
+
+Scenarios (LoadGen's own): SingleStream (one sample a query, the next after it completes: p90 latency),
+MultiStream (8 samples a query: p99 latency), Offline (every sample at once: throughput), Server (Poisson
+arrivals at a target rate: p99 within a latency bound). LoadGen's logs are kept in a folder beside the
+results and its verdict, with the reasons when INVALID, is in the record.
+"""
+
+import math
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Self
+
+from ..core import records as res
+from ..core.errors import UsageError
+from ..core.log import logger
+from ..core.processes import Isolated
+from ..machine.binding import plan, probe
+from .worker import run_argv
+
+SCENARIOS = ("SingleStream", "MultiStream", "Offline", "Server")
+MODES = ("performance", "accuracy")
+MULTISTREAM_SAMPLES = 8
+# Quick runs: LoadGen's minimum duration and query counts, the latter large enough for its early stopping
+# to judge the scenario's percentile when no query misses the bound (p90: 64 queries; p99: 662 for
+# MultiStream, about 460 for Server). `--official` takes LoadGen's MLPerf settings instead (10 minutes).
+QUICK_DURATION_S = 10.0
+QUICK_QUERIES = {"SingleStream": 100, "MultiStream": 662, "Offline": 1, "Server": 500}
+DEFAULT_LATENCY_MS = 100.0
+PERFORMANCE_SAMPLES = 1024          # the QSL's size in performance mode (synthetic inputs: all alike)
+# MLPerf's benchmark names for `--official` (its per-benchmark settings); other models take its defaults
+MLPERF_NAMES = {"resnet_50_v1": "resnet50", "bert_base": "bert", "bert_large": "bert", "llama_3_2_1b": "llama3_1-8b"}
+PREPARE_TIMEOUT_S = 900.0
+
+_PERCENTILE = {"SingleStream": "90.00", "MultiStream": "99.00", "Server": "99.00", "Offline": None}
+_REASONS = {"result_min_duration_met": "the run was shorter than the minimum duration",
+            "result_min_queries_met": "fewer queries completed than the minimum query count",
+            "result_perf_constraints_met": "the latency bound was not met at the target percentile",
+            "early_stopping_met": "early stopping could not confirm the percentile with the queries run"}
+
+
+@dataclass(frozen=True)
+class ServingSettings:
+    """What a user sets for one LoadGen run (flags), turned into LoadGen's TestSettings by `test_settings`."""
+
+    scenario: str
+    mode: str = "performance"
+    duration_s: float = QUICK_DURATION_S
+    min_queries: int | None = None
+    target_qps: float | None = None            # Server: the Poisson arrival rate
+    latency_ms: float | None = None            # Server: the p99 bound
+    batch_timeout_ms: float = 5.0              # Server with a batch size > 1: how long a batch may wait to fill
+    official: bool = False
+
+    def __post_init__(self):
+        if self.scenario not in SCENARIOS:
+            raise UsageError(f"--scenario {self.scenario!r} does not exist; accepted: {', '.join(SCENARIOS)}")
+        if self.mode not in MODES:
+            raise UsageError(f"--mode {self.mode!r} is invalid; accepted: {', '.join(MODES)}")
+        for flag, value in (("--target-qps", self.target_qps), ("--latency-ms", self.latency_ms),
+                            ("--duration", self.duration_s)):
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                raise UsageError(f"{flag} {value!r} is invalid; accepted: a number > 0")
+        if self.scenario == "Server" and self.target_qps is None:
+            raise UsageError("--scenario Server needs --target-qps (queries per second), or --find-peak")
+
+    @property
+    def latency_bound_ms(self) -> float:
+        return self.latency_ms if self.latency_ms is not None else DEFAULT_LATENCY_MS
+
+    def record(self) -> dict:
+        out = {k: v for k, v in asdict(self).items() if v is not None}
+        if self.scenario == "Server":
+            out["latency_ms"] = self.latency_bound_ms
+        else:
+            out.pop("batch_timeout_ms", None)
+        return out
+
+
+@dataclass
+class _Instance:
+    """One instance process of the system under test."""
+
+    index: int
+    cores: tuple
+    binding: object
+    child: Isolated
+    conn: Connection | None = None
+    facts: dict = field(default_factory=dict)
+
+
+class _Queue:
+    """The samples LoadGen issued and no instance has taken yet."""
+
+    def __init__(self):
+        self.items, self.cond, self.closed = deque(), threading.Condition(), False
+
+    def put(self, samples) -> bool:
+        """False once closed: the caller completes them itself."""
+        with self.cond:
+            if self.closed:
+                return False
+            self.items.extend(samples)
+            self.cond.notify_all()
+            return True
+
+    def take(self, most: int, fill_s: float = 0.0) -> list:
+        """Up to `most` samples, waiting for the first; with `fill_s`, up to that long for the batch to fill.
+        Empty once closed."""
+        with self.cond:
+            while not self.items and not self.closed:
+                self.cond.wait(0.1)
+            if fill_s > 0 and len(self.items) < most:
+                deadline = time.monotonic() + fill_s
+                while len(self.items) < most and not self.closed and (left := deadline - time.monotonic()) > 0:
+                    self.cond.wait(left)
+            return [self.items.popleft() for _ in range(min(most, len(self.items)))]
+
+    def close(self) -> list:
+        with self.cond:
+            self.closed = True
+            left = list(self.items)
+            self.items.clear()
+            self.cond.notify_all()
+            return left
+
+
+class _SUT:
+    """LoadGen's system under test over the instances for one test: one feeder thread per instance."""
+
+    def __init__(self, lg, instances: list, batch_size: int, fill_s: float):
+        self.lg, self.batch_size, self.fill_s = lg, batch_size, fill_s
+        self.queue = _Queue()
+        self.failure: str | None = None
+        self.lock = threading.Lock()
+        self.passes = 0
+        self.threads = [threading.Thread(target=self._feed, args=(i,), daemon=True) for i in instances]
+        for t in self.threads:
+            t.start()
+
+    def issue_queries(self, samples) -> None:
+        if self.failure or not self.queue.put(samples):     # nothing left to run them: complete so LoadGen ends
+            self._complete(samples)
+
+    def flush_queries(self) -> None:
+        pass
+
+    def _complete(self, samples) -> None:
+        if samples:
+            self.lg.QuerySamplesComplete([self.lg.QuerySampleResponse(s.id, 0, 0) for s in samples])
+
+    def _feed(self, inst) -> None:
+        while samples := self.queue.take(self.batch_size, self.fill_s):
+            try:
+                inst.conn.send(("run", len(samples)))
+                answer = inst.conn.recv()
+            except (EOFError, OSError):
+                answer = ("error", "its process ended during the run")
+            if answer[0] == "done":
+                with self.lock:
+                    self.passes += 1
+            else:
+                self.fail(f"instance {inst.index}: {answer[1]}")
+            self._complete(samples)
+
+    def fail(self, reason: str) -> None:
+        """Stop running: every query queued now or issued later is completed unrun, so LoadGen ends."""
+        with self.lock:
+            if self.failure is None:
+                self.failure = reason
+                logger.warning("loadgen: %s; the remaining queries are completed unrun so LoadGen ends", reason)
+        self._complete(self.queue.close())
+
+    def stop(self) -> None:
+        self._complete(self.queue.close())
+        for t in self.threads:
+            t.join(30)
+
+
+def test_settings(lg, settings: ServingSettings, model: str, pass_ms: float, instances: int, batch_size: int):
+    """LoadGen's TestSettings for `settings`; the expected latency and throughput from the instances' pass."""
+    s = lg.TestSettings()
+    s.scenario = getattr(lg.TestScenario, settings.scenario)
+    if settings.official:
+        s.FromConfig("", MLPERF_NAMES.get(model, model), settings.scenario, 0)     # LoadGen's built-in mlperf.conf
+    else:
+        s.min_duration_ms = int(settings.duration_s * 1000)
+        s.min_query_count = settings.min_queries or QUICK_QUERIES[settings.scenario]
+    s.mode = lg.TestMode.AccuracyOnly if settings.mode == "accuracy" else lg.TestMode.PerformanceOnly
+    per_second = instances * batch_size / (pass_ms / 1000)
+    s.single_stream_expected_latency_ns = int(pass_ms * 1e6)
+    s.multi_stream_expected_latency_ns = int(pass_ms * 1e6 * math.ceil(MULTISTREAM_SAMPLES / (instances * batch_size)))
+    s.offline_expected_qps = per_second
+    if settings.scenario == "Server":
+        s.server_target_qps = settings.target_qps
+        if settings.latency_ms is not None or not settings.official:
+            s.server_target_latency_ns = int(settings.latency_bound_ms * 1e6)
+    return s
+
+
+def parse_detail(path: Path) -> dict:
+    """key -> value of LoadGen's detail log (`:::MLLOG {json}` lines; the last value of a key wins)."""
+    import json
+
+    out = {}
+    for line in Path(path).read_text(errors="replace").splitlines():
+        if line.startswith(":::MLLOG"):
+            try:
+                entry = json.loads(line.split(" ", 1)[1])
+            except (ValueError, IndexError):
+                continue
+            out[entry.get("key")] = entry.get("value")
+    return out
+
+
+def verdict(scenario: str, log: dict) -> dict:
+    """LoadGen's result: VALID/INVALID, the reasons in plain words, and the scenario's figures."""
+    valid = log.get("result_validity") == "VALID"
+    reasons = [text for key, text in _REASONS.items() if log.get(key) is False]
+    if log.get("result_invalid_reason"):
+        reasons.append(str(log["result_invalid_reason"]))
+    if not valid and not reasons:
+        reasons.append("LoadGen judged the run INVALID (see mlperf_log_summary.txt)")
+    out = {"validity": "VALID" if valid else "INVALID", "reasons": reasons,
+           "queries": log.get("result_query_count"),
+           "early_stopping": " ".join(str(log.get("early_stopping_result", "")).split()) or None}
+    pct = {key[len("result_"):-len("_percentile_latency_ns")]: value / 1e6 for key, value in log.items()
+           if key.startswith("result_") and key.endswith("_percentile_latency_ns") and isinstance(value, (int, float))}
+    out["latency_ms"] = {f"p{float(p):g}": v for p, v in sorted(pct.items(), key=lambda kv: float(kv[0]))}
+    for key in ("result_mean_latency_ns", "result_min_latency_ns", "result_max_latency_ns"):
+        if isinstance(log.get(key), (int, float)):
+            out["latency_ms"][key.split("_")[1]] = log[key] / 1e6
+    if scenario == "Offline":
+        out["samples_per_s"] = log.get("result_samples_per_second")
+    elif scenario == "Server":
+        out["samples_per_s"] = log.get("result_completed_samples_per_sec")
+        out["scheduled_per_s"] = log.get("result_scheduled_samples_per_sec")
+    else:
+        out["samples_per_s"] = log.get("result_qps_with_loadgen_overhead")
+        if scenario == "SingleStream" and log.get("early_stopping_latency_ss"):
+            out["early_stopping_latency_ms"] = log["early_stopping_latency_ss"] / 1e6
+        if scenario == "MultiStream" and log.get("early_stopping_latency_ms"):
+            out["early_stopping_latency_ms"] = log["early_stopping_latency_ms"] / 1e6
+    return out
+
+
+def check_fits(spec, settings: ServingSettings, batch_size: int) -> None:
+    """A scenario the model or the batch size cannot take: one line, before anything starts."""
+    from ..models.base import is_generator
+
+    if is_generator(spec.task):
+        raise UsageError(f"{spec.name} generates text: its token latencies under LoadGen are not built yet; "
+                         f"accepted here: models that answer in one pass")
+    if settings.scenario == "SingleStream" and batch_size != 1:
+        raise UsageError(f"-b {batch_size} does not fit SingleStream (one sample a query); accepted: -b 1")
+    if settings.scenario == "MultiStream" and batch_size > MULTISTREAM_SAMPLES:
+        raise UsageError(f"-b {batch_size} is larger than a MultiStream query ({MULTISTREAM_SAMPLES} samples); "
+                         f"accepted: -b 1 to {MULTISTREAM_SAMPLES}")
+
+
+class Session:
+    """N instance processes x T threads, prepared once, serving any number of LoadGen tests in turn (a peak
+    search runs many). Records are appended when the session ends: each instance writes its own (what it
+    ran: precision mode, strategy, backend details, peak memory) as it exits, and every test's record takes
+    them in."""
+
+    def __init__(self, model: str, backend: str, precision: str, batch_size: int, instances: int,
+                 threads_per_instance: int, out: Path, shape: dict | None = None, allocator: str = "default",
+                 numa_cpus=None, config: list | None = None, prepare_timeout_s: float = PREPARE_TIMEOUT_S):
+        from ..machine.topology import read_topology
+        from ..models import get_model
+
+        self.model, self.backend, self.precision, self.batch_size = model, backend, precision, batch_size
+        self.instances, self.threads, self.out = instances, threads_per_instance, Path(out)
+        self.shape, self.allocator, self.config = dict(shape or {}), allocator, list(config or [])
+        self.spec = get_model(model).with_config(self.config or None)
+        self.topology = read_topology()
+        self.cpu_sets = self.topology.disjoint_cpu_sets(instances, threads_per_instance, numa_cpus)
+        self.prepare_timeout_s = prepare_timeout_s
+        self.group = res.new_run_id()
+        self.folder = self.out / "loadgen" / self.group
+        self.members: list[_Instance] = []
+        self.failure: str | None = None
+        self.pass_ms: float | None = None
+        self.pending: list[tuple] = []     # (record, settings, logs, failure, passes, peak summary or None)
+
+    def __enter__(self) -> Self:
+        from .sweep import Point, point_env
+
+        (self.folder / "instances").mkdir(parents=True, exist_ok=True)
+        self.scratch = Path(tempfile.mkdtemp(prefix="aio-loadgen-"))
+        address = str(self.scratch / "sut.sock")
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(address)
+        self.server.listen(self.instances)
+        self.server.settimeout(0.2)
+        point = Point(self.model, self.backend, self.precision, self.batch_size, self.threads, self.allocator,
+                      tuple(sorted(self.shape.items())))
+        try:
+            for index, cores in enumerate(self.cpu_sets):
+                binding = probe(plan(self.topology, cores))
+                argv = run_argv(self.model, self.shape, backend=self.backend, precision=self.precision,
+                                batch_size=self.batch_size, threads=self.threads, timeout=60,
+                                output=self.folder / "instances", json=True, instance=f"{index}/{self.instances}",
+                                serve=address, group=self.group, config_override=self.config or None,
+                                point_id=f"{self.group}-{index}")
+                child = Isolated(argv, env=point_env(point, binding), prefix=binding.prefix())
+                self.members.append(_Instance(index, cores, binding, child))
+            self.failure = _connect(self.server, self.members, self.prepare_timeout_s)
+        except BaseException:
+            self._kill()
+            raise
+        if self.failure is None:
+            self.pass_ms = max(m.facts["pass_ms"] for m in self.members)
+        return self
+
+    def run(self, settings: ServingSettings) -> dict | None:
+        """One LoadGen test; its result (None when the instances failed), its record kept for the end."""
+        import mlperf_loadgen as lg
+
+        check_fits(self.spec, settings, self.batch_size)
+        logs = self.folder / f"{len(self.pending) + 1:02d}-{settings.scenario}-{settings.mode}"
+        logs.mkdir(parents=True, exist_ok=True)
+        if self.failure is not None:
+            self.pending.append((self._blank(settings), settings, logs, self.failure, 0, None))
+            return None
+        if settings.scenario == "Server" and settings.latency_bound_ms < self.pass_ms:
+            raise UsageError(f"--latency-ms {settings.latency_bound_ms:g} can never be met: one pass of {self.model} "
+                             f"{self.backend}/{self.precision} b{self.batch_size} takes {self.pass_ms:.1f} ms here; "
+                             f"accepted: a bound above {self.pass_ms:.1f} ms")
+        fill_s = settings.batch_timeout_ms / 1000 if settings.scenario == "Server" and self.batch_size > 1 else 0.0
+        sut = _SUT(lg, self.members, self.batch_size, fill_s)
+        ts = test_settings(lg, settings, self.model, self.pass_ms, self.instances, self.batch_size)
+        logger.info("loadgen: %s %s on %d instance(s) x %d thread(s)%s", settings.scenario, settings.mode,
+                    self.instances, self.threads,
+                    f" at {settings.target_qps:g} queries/s" if settings.scenario == "Server" else "")
+        try:
+            _start_test(lg, sut, ts, logs, PERFORMANCE_SAMPLES)
+        finally:
+            sut.stop()
+        self.failure = sut.failure
+        self.pending.append((self._blank(settings), settings, logs, sut.failure, sut.passes, None))
+        detail = logs / "mlperf_log_detail.txt"
+        if sut.failure is None and detail.exists():
+            return verdict(settings.scenario, parse_detail(detail))
+        return None
+
+    def _blank(self, settings: ServingSettings) -> res.Result:
+        r = res.Result.for_config(self.spec, self.backend, self.precision, self.batch_size, self.threads,
+                                  self.spec.shape(**self.shape), instances=self.instances,
+                                  point_id=f"{self.group}-{len(self.pending) + 1}")
+        r.scenario = {"name": "loadgen", "key": f"loadgen-{settings.scenario.lower()}", **settings.record()}
+        return r
+
+    def __exit__(self, *exc) -> None:
+        try:
+            for m in self.members:
+                if m.conn is not None:
+                    try:
+                        m.conn.send(("stop",))
+                    except OSError:
+                        pass
+            for m in self.members:
+                m.child.wait(None if exc[0] is None else 5)
+        finally:
+            self._kill()
+            self.server.close()
+            shutil.rmtree(self.scratch, ignore_errors=True)
+        own = res.records_in(self.folder / "instances")
+        for record, settings, logs, failure, passes, peak in self.pending:
+            _complete_record(record, settings, self.members, own, logs, self.out, failure, passes, peak)
+            res.append(self.out, record)
+        self.records = [p[0] for p in self.pending]
+
+    def _kill(self) -> None:
+        for m in self.members:
+            m.child.kill()
+
+
+def find_peak(session: Session, latency_ms: float | None = None, duration_s: float = QUICK_DURATION_S,
+              min_queries: int | None = None, official: bool = False, max_runs: int = 6,
+              tolerance: float = 0.05) -> dict:
+    """The highest Server rate LoadGen judges VALID under the latency bound: Offline throughput first (no
+    rate above it can be served), then a bisection between 0 and it, each step a real LoadGen Server test,
+    until the bracket is within `tolerance` of its top or `max_runs` Server tests ran. The summary is a
+    record of its own (scenario `loadgen-server-peak`) beside each test's."""
+    common = {"duration_s": duration_s, "official": official}
+    offline = session.run(ServingSettings("Offline", **common))
+    summary = {"latency_ms": latency_ms or DEFAULT_LATENCY_MS, "runs": [], "peak_qps": None}
+    if offline is None:
+        summary["reason"] = f"the Offline run failed: {session.failure}"
+    else:
+        low, high = 0.0, float(offline["samples_per_s"])
+        summary["offline_qps"] = high
+        target = high
+        for _ in range(max_runs):
+            settings = ServingSettings("Server", target_qps=round(target, 3), latency_ms=latency_ms,
+                                       min_queries=min_queries, **common)
+            result = session.run(settings)
+            if result is None:
+                summary["reason"] = f"a Server run failed: {session.failure}"
+                break
+            valid = result["validity"] == "VALID"
+            summary["runs"].append({"target_qps": settings.target_qps, "validity": result["validity"],
+                                    "p99_ms": result["latency_ms"].get("p99"), "reasons": result["reasons"]})
+            low, high = (settings.target_qps, high) if valid else (low, settings.target_qps)
+            if valid and settings.target_qps >= high or (high - low) <= tolerance * high:
+                break
+            target = (low + high) / 2
+        summary["peak_qps"] = low or None
+        summary.setdefault("reason", None if low else
+                           f"no Server rate tried was VALID under {summary['latency_ms']:g} ms "
+                           f"(lowest tried {min((r['target_qps'] for r in summary['runs']), default=0):g}/s)")
+        summary["bracket_qps"] = [low, high]
+    blank = session._blank(ServingSettings("Server", target_qps=1.0, latency_ms=latency_ms, **common))
+    blank.scenario = {"name": "loadgen", "key": "loadgen-server-peak", "scenario": "Server",
+                      "latency_ms": summary["latency_ms"], **common}
+    session.pending.append((blank, None, session.folder, session.failure if summary["peak_qps"] is None else None,
+                            0, summary))
+    return summary
+
+
+def run_loadgen(model: str, backend: str, precision: str, batch_size: int, instances: int, threads_per_instance: int,
+                settings: ServingSettings, out: Path, **options) -> res.Result:
+    """One LoadGen test over freshly started instances: its record, appended to `out`."""
+    from ..models import get_model
+
+    check_fits(get_model(model).with_config(options.get("config")), settings, batch_size)
+    with Session(model, backend, precision, batch_size, instances, threads_per_instance, out, **options) as session:
+        session.run(settings)
+    return session.records[0]
+
+
+def _connect(server, members: list, timeout_s: float):
+    """Accept every instance's connection and its "ready" (after it prepared and warmed up); an instance
+    that ends or fails first ends the session."""
+    deadline = time.monotonic() + timeout_s
+    waiting = {m.index: m for m in members}
+    pending = []
+    while waiting and time.monotonic() < deadline:
+        try:
+            sock, _ = server.accept()
+            sock.settimeout(None)
+            pending.append(Connection(sock.detach()))
+        except TimeoutError:
+            pass
+        for conn in list(pending):
+            if conn.poll(0):
+                message = conn.recv()
+                pending.remove(conn)
+                if message[0] != "ready":
+                    return f"an instance did not prepare: {message[1]}"
+                member = waiting.pop(message[1]["index"])
+                member.conn, member.facts = conn, message[1]
+        for m in list(waiting.values()):
+            if m.child.proc.poll() is not None:
+                return f"instance {m.index} ended before serving (exit code {m.child.proc.returncode})"
+    if waiting:
+        return f"instances {sorted(waiting)} not ready after {timeout_s:.0f} s"
+    return None
+
+
+def _start_test(lg, sut: _SUT, ts, logs: Path, samples: int) -> None:
+    """LoadGen's test, in a thread of its own, so Ctrl-C reaches this one: then the queued and later queries
+    are completed unrun and LoadGen ends, leaving no thread behind."""
+    handle = lg.ConstructSUT(sut.issue_queries, sut.flush_queries)
+    qsl = lg.ConstructQSL(samples, samples, lambda indices: None, lambda indices: None)
+    log_settings = lg.LogSettings()
+    log_settings.log_output.outdir = str(logs)
+    log_settings.log_output.copy_summary_to_stdout = False
+    test = threading.Thread(target=lg.StartTestWithLogSettings, args=(handle, qsl, ts, log_settings), daemon=True)
+    test.start()
+    try:
+        while test.is_alive():
+            test.join(0.2)
+    except KeyboardInterrupt:
+        sut.fail("interrupted (Ctrl-C)")
+        test.join()
+        raise
+    finally:
+        if not test.is_alive():
+            lg.DestroyQSL(qsl)
+            lg.DestroySUT(handle)
+
+
+def _complete_record(record: res.Result, settings: ServingSettings, members, own, logs: Path, out: Path,
+                     failure, passes: int, peak: dict | None = None) -> None:
+    record.instance = {"layout": [{"index": m.index, "cores": list(m.cores), "binding": m.binding.method,
+                                   "pass_ms": m.facts.get("pass_ms")} for m in members],
+                       "loadgen_logs": str(logs.relative_to(out))}       # beside results.jsonl
+    record.warnings = [w for m in members for w in m.binding.warnings]
+    if own:
+        first = own[0]
+        record.precision_mode, record.strategy, record.backend_info = first.precision_mode, first.strategy, first.backend_info
+        record.weights, record.env, record.check = first.weights, first.env, first.check
+        record.peak_rss_mb = max((r.peak_rss_mb or 0) for r in own) or None
+        not_ok = [r for r in own if r.status != "ok"]
+        if not_ok:          # an instance's own answer (unsupported, failed) says more than how it ended
+            failure = f"instance {not_ok[0].instance.get('index')}: {not_ok[0].reason}"
+            record.status = not_ok[0].status
+    if peak is not None:               # a peak search's summary: the runs it took are records of their own
+        record.metrics = {"loadgen": peak}
+        if peak.get("peak_qps") is None and failure is None:
+            failure = peak["reason"]
+        if failure is not None:
+            record.status, record.reason = (record.status if record.status != "ok" else "failed"), failure
+        else:
+            record.throughput = {"value": peak["peak_qps"], "unit": "queries/s"}
+        return
+    detail = logs / "mlperf_log_detail.txt"
+    if failure is None and not detail.exists():
+        failure = "LoadGen wrote no detail log"
+    if failure is not None:
+        record.status = record.status if record.status != "ok" else "failed"
+        record.reason = failure
+        logger.warning("loadgen: %s", failure)
+    if not detail.exists():
+        return
+    result = verdict(settings.scenario, parse_detail(detail))
+    result["passes"] = passes
+    record.metrics = {"loadgen": result}
+    if failure is None:
+        record.throughput = {"value": result.get("samples_per_s"), "unit": "samples/s"}
+        pct = result["latency_ms"]
+        record.latency_ms = {"median": pct.get("p50"), "p90": pct.get("p90"), "p99": pct.get("p99"),
+                             "mean": pct.get("mean")}

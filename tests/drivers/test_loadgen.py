@@ -1,0 +1,144 @@
+"""MLPerf LoadGen driving real instance processes: every scenario, the verdict, the peak search, an instance
+killed mid-run, and the inputs refused before anything starts."""
+
+import json
+import threading
+import time
+
+import pytest
+from conftest import run_cli
+
+from aio_examples.core.records import records_in
+from aio_examples.drivers.loadgen import ServingSettings, Session, find_peak, parse_detail, verdict
+
+pytest.importorskip("mlperf_loadgen")
+
+MODEL = "resnet_18"
+SHAPE = {"input_size": 32}
+SHORT = {"duration_s": 1.0}
+
+
+def session(tmp_path, instances=1, batch_size=1):
+    return Session(MODEL, "eager", "fp32", batch_size, instances, 1, tmp_path, SHAPE)
+
+
+def test_every_scenario_runs_under_loadgen_and_keeps_its_logs(tmp_path):
+    with session(tmp_path, batch_size=2) as s:
+        offline = s.run(ServingSettings("Offline", **SHORT))
+        multi = s.run(ServingSettings("MultiStream", min_queries=20, **SHORT))
+        server = s.run(ServingSettings("Server", target_qps=0.5 * offline["samples_per_s"], latency_ms=1000,
+                                       min_queries=20, **SHORT))
+    assert offline["validity"] == "VALID" and offline["samples_per_s"] > 0
+    # 20 queries cannot confirm a p99: LoadGen's early stopping says so, in plain words
+    assert multi["validity"] == "INVALID" and any("early stopping" in r for r in multi["reasons"])
+    assert server["queries"] >= 20 and server["latency_ms"]["p99"] > 0
+    records = records_in(tmp_path)
+    assert [r.scenario["scenario"] for r in records] == ["Offline", "MultiStream", "Server"]
+    for r in records:
+        assert r.status == "ok" and r.precision_mode == "native" and r.instances == 1
+        assert r.scenario["key"] == f"loadgen-{r.scenario['scenario'].lower()}"
+        for name in ("mlperf_log_summary.txt", "mlperf_log_detail.txt", "mlperf_log_accuracy.json"):
+            assert (tmp_path / r.instance["loadgen_logs"] / name).exists()
+        # each pass the instance ran was a batch LoadGen's samples filled: never more samples than passes x b
+        assert r.metrics["loadgen"]["passes"] >= 1
+    offline_rec = records[0]
+    assert offline_rec.throughput == {"value": offline["samples_per_s"], "unit": "samples/s"}
+    assert records[2].scenario["target_qps"] == pytest.approx(0.5 * offline["samples_per_s"])
+
+
+def test_single_stream_verdict_from_loadgens_own_log(tmp_path):
+    with session(tmp_path) as s:
+        result = s.run(ServingSettings("SingleStream", min_queries=70, **SHORT))
+    [r] = records_in(tmp_path)
+    logs = tmp_path / r.instance["loadgen_logs"]
+    detail = parse_detail(logs / "mlperf_log_detail.txt")
+    assert verdict("SingleStream", detail) == result
+    assert result["validity"] == ("VALID" if detail["result_validity"] == "VALID" else "INVALID")
+    assert result["latency_ms"]["p50"] <= result["latency_ms"]["p90"] <= result["latency_ms"]["p99"]
+    assert r.latency_ms["p90"] == result["latency_ms"]["p90"]
+    summary = (logs / "mlperf_log_summary.txt").read_text()
+    assert f"Result is : {result['validity']}" in summary
+
+
+def test_invalid_reasons_in_plain_words():
+    log = {"result_validity": "INVALID", "result_min_duration_met": True, "result_min_queries_met": False,
+           "result_perf_constraints_met": False, "early_stopping_met": True}
+    out = verdict("Server", log)
+    assert out["validity"] == "INVALID"
+    assert out["reasons"] == ["fewer queries completed than the minimum query count",
+                              "the latency bound was not met at the target percentile"]
+
+
+def test_peak_search_brackets_the_highest_valid_rate(tmp_path):
+    with session(tmp_path) as s:
+        peak = find_peak(s, latency_ms=50, duration_s=1.0, min_queries=50, max_runs=4)
+    runs = peak["runs"]
+    assert 1 <= len(runs) <= 4 and runs[0]["target_qps"] == pytest.approx(peak["offline_qps"], rel=1e-3)
+    valid = [r["target_qps"] for r in runs if r["validity"] == "VALID"]
+    invalid = [r["target_qps"] for r in runs if r["validity"] == "INVALID"]
+    # the peak is the highest VALID rate tried, and below every INVALID one
+    assert peak["peak_qps"] == (max(valid) if valid else None)
+    if valid and invalid:
+        assert max(valid) < min(invalid)
+    assert all(r["target_qps"] <= peak["offline_qps"] * 1.001 for r in runs)
+    records = records_in(tmp_path)
+    assert records[0].scenario["scenario"] == "Offline" and len(records) == len(runs) + 2
+    summary = records[-1]
+    assert summary.scenario["key"] == "loadgen-server-peak" and summary.metrics["loadgen"]["runs"] == runs
+
+
+def test_an_instance_killed_mid_run_fails_the_run_without_hanging(tmp_path):
+    with session(tmp_path, instances=2) as s:
+        victim = s.members[1].child.proc
+        threading.Timer(1.0, victim.kill).start()
+        start = time.monotonic()
+        result = s.run(ServingSettings("Server", target_qps=20, latency_ms=1000, duration_s=3.0, min_queries=10))
+        took = time.monotonic() - start
+    assert result is None and "instance 1" in s.failure
+    assert took < 60                  # LoadGen ended: its queries were completed unrun after the death
+    [r] = records_in(tmp_path)
+    assert r.status == "failed" and "instance 1" in r.reason
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--scenario", "Server", "--target-qps", "0"], "--target-qps 0.0 is invalid"),
+    (["--scenario", "Server", "--target-qps", "-3"], "--target-qps -3.0 is invalid"),
+    (["--scenario", "Sever", "--target-qps", "3"], "--scenario 'Sever' does not exist"),
+    (["--scenario", "Server"], "needs --target-qps"),
+    (["--scenario", "Offline", "--instances", "64", "--threads-per-instance", "4"], "64 instances x 4 threads"),
+    (["--scenario", "SingleStream", "-b", "4"], "does not fit SingleStream"),
+    (["--scenario", "Offline", "--find-peak"], "--find-peak searches Server rates"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
+    proc = run_cli(["-m", "aio_examples", "loadgen", MODEL, "--output", str(tmp_path), *args], timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = [x for x in proc.stderr.splitlines() if x.strip() and "Failed to load" not in x]
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert not (tmp_path / "loadgen").exists()
+
+
+def test_generators_are_refused_before_starting(tmp_path):
+    proc = run_cli(["-m", "aio_examples", "loadgen", "llama_3_2_1b", "--scenario", "MultiStream",
+                    "--output", str(tmp_path)], timeout=120)
+    assert proc.returncode == 2 and "generates text" in proc.stderr
+
+
+def test_a_latency_bound_below_one_pass_is_refused_before_loadgen_runs(tmp_path):
+    proc = run_cli(["-m", "aio_examples", "loadgen", MODEL, "--input-size", "64", "--scenario", "Server",
+                    "--target-qps", "5", "--latency-ms", "0.001", "--backend", "eager", "--output", str(tmp_path)],
+                   timeout=300)
+    assert proc.returncode == 2 and "can never be met" in proc.stderr, proc.stderr
+    assert not list((tmp_path / "loadgen").glob("*/*/mlperf_log_detail.txt"))        # LoadGen never started
+
+
+def test_cli_runs_server_and_prints_the_verdict(tmp_path):
+    proc = run_cli(["-m", "aio_examples", "loadgen", MODEL, "--input-size", "32", "--scenario", "Server",
+                    "--target-qps", "20", "--latency-ms", "500", "--duration", "1", "--min-queries", "20",
+                    "--backend", "eager", "--instances", "2", "--threads-per-instance", "1",
+                    "--output", str(tmp_path)], timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "Server resnet_18 eager/fp32 b1 2x1: 20 queries/s offered" in proc.stdout
+    [r] = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert r["instances"] == 2 and len(r["instance"]["layout"]) == 2
+    assert len({c for x in r["instance"]["layout"] for c in x["cores"]}) == 2       # disjoint cores
+    assert r["metrics"]["loadgen"]["validity"] in ("VALID", "INVALID")
