@@ -400,7 +400,7 @@ def find_peak(session: Session, latency_ms: float | None = None, duration_s: flo
     record of its own (scenario `loadgen-server-peak`) beside each test's."""
     common = {"duration_s": duration_s, "official": official}
     offline = session.run(ServingSettings("Offline", **common))
-    summary = {"latency_ms": latency_ms or DEFAULT_LATENCY_MS, "runs": [], "peak_qps": None}
+    summary = {"latency_bound_ms": latency_ms or DEFAULT_LATENCY_MS, "runs": [], "peak_qps": None}
     if offline is None:
         summary["reason"] = f"the Offline run failed: {session.failure}"
     else:
@@ -423,12 +423,12 @@ def find_peak(session: Session, latency_ms: float | None = None, duration_s: flo
             target = (low + high) / 2
         summary["peak_qps"] = low or None
         summary.setdefault("reason", None if low else
-                           f"no Server rate tried was VALID under {summary['latency_ms']:g} ms "
+                           f"no Server rate tried was VALID under {summary['latency_bound_ms']:g} ms "
                            f"(lowest tried {min((r['target_qps'] for r in summary['runs']), default=0):g}/s)")
         summary["bracket_qps"] = [low, high]
     blank = session._blank(ServingSettings("Server", target_qps=1.0, latency_ms=latency_ms, **common))
     blank.scenario = {"name": "loadgen", "key": "loadgen-server-peak", "scenario": "Server",
-                      "latency_ms": summary["latency_ms"], **common}
+                      "latency_ms": summary["latency_bound_ms"], **common}
     session.pending.append((blank, None, session.folder, session.failure if summary["peak_qps"] is None else None,
                             0, summary))
     return summary

@@ -142,3 +142,17 @@ def test_cli_runs_server_and_prints_the_verdict(tmp_path):
     assert r["instances"] == 2 and len(r["instance"]["layout"]) == 2
     assert len({c for x in r["instance"]["layout"] for c in x["cores"]}) == 2       # disjoint cores
     assert r["metrics"]["loadgen"]["validity"] in ("VALID", "INVALID")
+
+
+def test_report_draws_the_knee_and_lists_the_peak(tmp_path):
+    from aio_examples.reporting.report import build_report
+
+    with session(tmp_path) as s:
+        find_peak(s, latency_ms=50, duration_s=1.0, min_queries=50, max_runs=2)
+    written = build_report([tmp_path], tmp_path / "report")
+    page = written["html"].read_text()
+    assert "Serving (MLPerf LoadGen)" in page and "Peak Server rate under the latency bound" in page
+    knee = tmp_path / "report" / "plots" / "resnet_18-serving-knee.png"
+    assert knee.exists() and knee.stat().st_size > 1000
+    assert page.count("INVALID") + page.count("VALID") >= 3          # each Server test with its verdict
+    assert "multi-instance scaling" not in page.lower() or "instances.png" not in page
