@@ -1,5 +1,6 @@
 """The subcommands: each turns parsed flags into a call of the layer that does the work, and prints."""
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -272,9 +273,10 @@ def do_loadgen(args) -> int:
     threads = args.threads_per_instance or max(1, read_topology().physical_cores // args.instances)
     out = check_output_dir(args.output)
     shape = _shape_overrides(args)
-    with lock_output(out, f"a LoadGen run of {args.model}"), \
-            Session(args.model, args.backend, args.precision, args.batch_size, args.instances, threads, out, shape,
-                    args.allocator, numa_cpus_from_env(), args.config_override) as session:
+    # a sweep's point: the sweep holds the output folder already
+    held = contextlib.nullcontext() if args.point_id else lock_output(out, f"a LoadGen run of {args.model}")
+    with held, Session(args.model, args.backend, args.precision, args.batch_size, args.instances, threads, out, shape,
+                       args.allocator, numa_cpus_from_env(), args.config_override, point_id=args.point_id) as session:
         peak = find_peak(session, args.latency_ms, args.duration, args.min_queries, args.official) \
             if args.find_peak else None
         if settings is not None:

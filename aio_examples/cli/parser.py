@@ -129,6 +129,7 @@ def _add_loadgen(sub) -> None:
     lg.add_argument("--seq-len", type=positive("--seq-len"), default=None)
     lg.add_argument("--config-override", action="append", default=None, metavar="KEY=VALUE")
     lg.add_argument("--output", default="results", help="folder for results.jsonl and loadgen/ logs (default ./results)")
+    lg.add_argument("--point-id", default=None, help=argparse.SUPPRESS)      # a sweep's point (drivers/sweep.py)
 
 
 def _add_reports(sub) -> None:

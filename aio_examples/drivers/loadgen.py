@@ -191,6 +191,79 @@ class _SUT:
             t.join(30)
 
 
+def serving_key(scenario: str, target_qps: float | None) -> str:
+    """The scenario part of a record's configuration key: a Server test at another rate measures another point
+    of the latency curve, so the rate is in it; a peak search is `loadgen-server-peak`."""
+    key = f"loadgen-{scenario.lower()}"
+    if scenario != "Server":
+        return key
+    return f"{key}-{target_qps:g}qps" if target_qps else f"{key}-peak"
+
+
+# A sweep's `serving` table (SweepConfig.serving): its keys and what each accepts
+SERVING_KEYS = {"scenarios": "a list of " + ", ".join(SCENARIOS), "target_qps": "a list of rates > 0 (Server)",
+                "instances": "a list of whole numbers >= 1", "latency_ms": "a number > 0",
+                "duration": "seconds > 0", "min_queries": "a whole number >= 1", "find_peak": "true or false"}
+
+
+def check_serving(table: dict, specs: list, batch_sizes: list) -> dict:
+    """A sweep's serving table, checked as a whole (one line naming the bad value) and with its defaults."""
+    if not isinstance(table, dict) or set(table) - set(SERVING_KEYS):
+        bad = sorted(set(table) - set(SERVING_KEYS)) if isinstance(table, dict) else [table]
+        raise UsageError(f"serving key {bad[0]!r} is unknown; accepted: {', '.join(SERVING_KEYS)}")
+    out = {"scenarios": table.get("scenarios", ["Offline"]), "target_qps": table.get("target_qps"),
+           "instances": table.get("instances", [1]), "latency_ms": table.get("latency_ms"),
+           "duration": table.get("duration", QUICK_DURATION_S), "min_queries": table.get("min_queries"),
+           "find_peak": table.get("find_peak", False)}
+
+    def bad(key, value):
+        return UsageError(f"serving.{key} {value!r} is invalid; accepted: {SERVING_KEYS[key]}")
+
+    if not isinstance(out["scenarios"], list) or not out["scenarios"]:
+        raise bad("scenarios", out["scenarios"])
+    for key in ("target_qps", "instances"):
+        values = out[key]
+        if values is not None and (not isinstance(values, list) or not values or any(
+                isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf for v in values)):
+            raise bad(key, values)
+    if any(not isinstance(n, int) for n in out["instances"]):
+        raise bad("instances", out["instances"])
+    if not isinstance(out["find_peak"], bool):
+        raise bad("find_peak", out["find_peak"])
+    if "Server" in out["scenarios"] and not out["target_qps"] and not out["find_peak"]:
+        raise UsageError("serving.scenarios has Server but no serving.target_qps; accepted: a list of rates, "
+                         "or find_peak = true")
+    for scenario in out["scenarios"]:
+        rates = (out["target_qps"] or [1.0]) if scenario == "Server" else [None]
+        for rate in rates:        # each test's own checks, before anything runs
+            settings = ServingSettings(scenario, duration_s=out["duration"], min_queries=out["min_queries"],
+                                       target_qps=rate, latency_ms=out["latency_ms"])
+            for spec in specs:
+                for b in batch_sizes:
+                    check_fits(spec, settings, b)
+    return out
+
+
+def serving_points(serving: dict) -> list[tuple]:
+    """(scenario, rate or None, instances) of every LoadGen test a sweep's serving table asks for."""
+    tests = []
+    for scenario in serving["scenarios"]:
+        rates = [None] if scenario != "Server" else ([None] if serving["find_peak"] else serving["target_qps"])
+        tests += [(scenario, rate, n) for rate in rates for n in serving["instances"]]
+    return tests
+
+
+def serving_argv(point, serving: dict, out: Path) -> list[str]:
+    """The `aio-examples loadgen` process of a sweep's point (its record stamped with the point's id)."""
+    scenario, rate, instances = point.serving
+    return run_argv(point.model, dict(point.shape), command="loadgen", scenario=scenario, backend=point.backend,
+                    precision=point.precision, batch_size=point.batch_size, instances=instances,
+                    threads_per_instance=point.threads, target_qps=rate,
+                    find_peak=scenario == "Server" and rate is None, latency_ms=serving["latency_ms"],
+                    duration=serving["duration"], min_queries=serving["min_queries"], allocator=point.allocator,
+                    config_override=list(point.config) or None, output=out, point_id=point.point_id)
+
+
 def test_settings(lg, settings: ServingSettings, model: str, pass_ms: float, instances: int, batch_size: int):
     """LoadGen's TestSettings for `settings`; the expected latency and throughput from the instances' pass."""
     s = lg.TestSettings()
@@ -280,7 +353,8 @@ class Session:
 
     def __init__(self, model: str, backend: str, precision: str, batch_size: int, instances: int,
                  threads_per_instance: int, out: Path, shape: dict | None = None, allocator: str = "default",
-                 numa_cpus=None, config: list | None = None, prepare_timeout_s: float = PREPARE_TIMEOUT_S):
+                 numa_cpus=None, config: list | None = None, prepare_timeout_s: float = PREPARE_TIMEOUT_S,
+                 point_id: str | None = None):
         from ..machine.topology import read_topology
         from ..models import get_model
 
@@ -290,7 +364,7 @@ class Session:
         self.spec = get_model(model).with_config(self.config or None)
         self.topology = read_topology()
         self.cpu_sets = self.topology.disjoint_cpu_sets(instances, threads_per_instance, numa_cpus)
-        self.prepare_timeout_s = prepare_timeout_s
+        self.prepare_timeout_s, self.point_id = prepare_timeout_s, point_id
         self.group = res.new_run_id()
         self.folder = self.out / "loadgen" / self.group
         self.members: list[_Instance] = []
@@ -363,7 +437,8 @@ class Session:
         r = res.Result.for_config(self.spec, self.backend, self.precision, self.batch_size, self.threads,
                                   self.spec.shape(**self.shape), instances=self.instances,
                                   point_id=f"{self.group}-{len(self.pending) + 1}")
-        r.scenario = {"name": "loadgen", "key": f"loadgen-{settings.scenario.lower()}", **settings.record()}
+        r.scenario = {"name": "loadgen", "key": serving_key(settings.scenario, settings.target_qps),
+                      **settings.record()}
         return r
 
     def __exit__(self, *exc) -> None:
@@ -381,6 +456,8 @@ class Session:
             self.server.close()
             shutil.rmtree(self.scratch, ignore_errors=True)
         own = res.records_in(self.folder / "instances")
+        if self.point_id and self.pending:      # a sweep's point: its answer (the test, or the peak) carries its id
+            self.pending[-1][0].point_id = self.point_id
         for record, settings, logs, failure, passes, peak in self.pending:
             _complete_record(record, settings, self.members, own, logs, self.out, failure, passes, peak)
             res.append(self.out, record)
@@ -427,7 +504,7 @@ def find_peak(session: Session, latency_ms: float | None = None, duration_s: flo
                            f"(lowest tried {min((r['target_qps'] for r in summary['runs']), default=0):g}/s)")
         summary["bracket_qps"] = [low, high]
     blank = session._blank(ServingSettings("Server", target_qps=1.0, latency_ms=latency_ms, **common))
-    blank.scenario = {"name": "loadgen", "key": "loadgen-server-peak", "scenario": "Server",
+    blank.scenario = {"name": "loadgen", "key": serving_key("Server", None), "scenario": "Server",
                       "latency_ms": summary["latency_bound_ms"], **common}
     session.pending.append((blank, None, session.folder, session.failure if summary["peak_qps"] is None else None,
                             0, summary))

@@ -60,6 +60,7 @@ class Point:
     repeat: int = 0                    # the same configuration again, in another process (SweepConfig.repeats)
     dataset: tuple = ()                # (kind, path, labels) to score on; () for the model's synthetic inputs
     config: tuple = ()                 # "KEY=VALUE" overrides of the architecture's config (--config-override)
+    serving: tuple = ()                # a LoadGen test: (scenario, target rate or None, instances); docs/serving.md
 
     @property
     def spec(self):
@@ -75,10 +76,14 @@ class Point:
         from ..models import is_generator
 
         spec = self.spec
-        return ConfigKey(self.model, spec.task, self.backend, self.precision, self.batch_size, self.threads, 1,
+        scenario, instances = "generation" if is_generator(spec.task) else "latency", 1
+        if self.serving:
+            from .loadgen import serving_key
+
+            scenario, instances = serving_key(*self.serving[:2]), self.serving[2]
+        return ConfigKey(self.model, spec.task, self.backend, self.precision, self.batch_size, self.threads, instances,
                          self.allocator, shape_label(spec.input_shape(1, spec.shape(**dict(self.shape)))),
-                         "generation" if is_generator(spec.task) else "latency",
-                         self.dataset[0] if self.dataset else "synthetic", "*")
+                         scenario, self.dataset[0] if self.dataset else "synthetic", "*")
 
     @cached_property
     def point_id(self) -> str:
@@ -90,7 +95,7 @@ class Point:
     def legacy_point_id(self) -> str:
         """The point's id in release 0.1 (a digest of the sweep's own fields), so its outputs resume too."""
         fields_ = asdict(self)
-        for later in ("repeat", "dataset", "config"):      # fields added since, left out at their defaults
+        for later in ("repeat", "dataset", "config", "serving"):     # fields added since, left out at their defaults
             if not fields_[later]:
                 del fields_[later]
         return _digest(fields_)
@@ -102,8 +107,13 @@ class Point:
         again = f" (repeat {self.repeat + 1})" if self.repeat else ""
         data = f" on {self.dataset[0]}" if self.dataset else ""
         config = f" [{' '.join(self.config)}]" if self.config else ""
+        serving = ""
+        if self.serving:
+            scenario, rate, instances = self.serving
+            serving = f" LoadGen {scenario}" + (f" at {rate:g}/s" if rate else " peak" if scenario == "Server" else "")
+            serving += f" {instances} instance(s)"
         return (f"{self.model} {self.backend} {self.precision} b{self.batch_size} t{self.threads}{alloc}{extra}{data}"
-                f"{config}{again}")
+                f"{config}{serving}{again}")
 
 
 def _names_list(name: str, values, accepted: str) -> None:
@@ -152,6 +162,9 @@ class SweepConfig:
     # serving its task (docs/datasets.md); others run on synthetic inputs. Opened and checked before any point.
     datasets: dict = field(default_factory=dict)
     num_samples: int | None = None            # samples of each dataset scored (default: all)
+    # LoadGen tests instead of measurements (docs/serving.md): {"scenarios": [...], "target_qps": [...],
+    # "instances": [...], "latency_ms", "duration", "min_queries", "find_peak"}; threads are per instance.
+    serving: dict = field(default_factory=dict)
 
     def __post_init__(self):
         from ..backends import available_backends, get_backend
@@ -202,6 +215,14 @@ class SweepConfig:
                 raise UsageError(f"shape {k}={v!r} is invalid; accepted: {', '.join(SHAPE_KEYS)} = whole numbers")
         self._check_shapes()
         self._check_datasets()
+        if self.serving:
+            from .loadgen import check_serving
+
+            if self.interleave > 1:
+                raise UsageError(f"interleave {self.interleave} does not apply to serving tests (LoadGen drives "
+                                 "each alone); accepted: interleave = 1 with a serving table")
+            self.serving = check_serving(self.serving, [get_model(m).with_config(self.config_overrides)
+                                                        for m in self.models], self.batch_sizes)
         for name in ("timeout", "point_timeout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
@@ -294,9 +315,15 @@ class SweepConfig:
 
         config = tuple(self.config_overrides)
         shapes = {m: [tuple(sorted(s.items())) for s in self._shapes(get_model(m))] for m in self.models}
-        return [Point(m, b, p, bs, t, a, shape, r, self.dataset_of(m), config) for r in range(self.repeats)
+        tests = [()]
+        if self.serving:
+            from .loadgen import serving_points
+
+            tests = serving_points(self.serving)
+        return [Point(m, b, p, bs, t, a, shape, r, self.dataset_of(m), config, test) for r in range(self.repeats)
                 for m in self.models for shape in shapes[m] for b in self.backends for p in self.precisions
-                for bs in self.batch_sizes for t in (self.threads or default_threads) for a in self.allocators]
+                for bs in self.batch_sizes for t in (self.threads or default_threads) for a in self.allocators
+                for test in tests]
 
 
 @dataclass
@@ -351,12 +378,17 @@ class Launch:
 
 def launch_of(point: Point, cfg: SweepConfig, out: Path, topology, numa_cpus=None, **extra) -> Launch:
     spec = point.spec
-    cores = topology.pick_cpus(point.threads, numa_cpus)
+    instances = point.serving[2] if point.serving else 1
+    cores = topology.pick_cpus(point.threads * instances, numa_cpus)      # LoadGen splits them among its instances
     binding = probe(plan(topology, cores))
     try:
         env = point_env(point, binding)
     except UnsupportedError as exc:
         return Launch(point, spec, binding, unsupported=str(exc))
+    if point.serving:
+        from .loadgen import serving_argv
+
+        return Launch(point, spec, binding, env, serving_argv(point, cfg.serving, out))
     argv = run_argv(point.model, dict(point.shape), backend=point.backend, precision=point.precision,
                     batch_size=point.batch_size, threads=point.threads, timeout=cfg.timeout, output=out,
                     point_id=point.point_id, probe=cfg.probe, json=True, config_override=list(point.config) or None,
@@ -466,7 +498,7 @@ def _run_sweep(cfg: SweepConfig, out: Path, quiet: bool) -> SweepSummary:
     numa_cpus = numa_cpus_from_env()
     default_threads = topology.default_thread_counts()
     points = cfg.points(default_threads)
-    for t in sorted({p.threads for p in points}):
+    for t in sorted({p.threads * (p.serving[2] if p.serving else 1) for p in points}):
         topology.pick_cpus(t, numa_cpus)         # too many threads for this machine: say so before running
     done = finished_points(out)
     todo = [p for p in points if p.point_id not in done and p.legacy_point_id not in done]

@@ -87,10 +87,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--serve", default=None, help=argparse.SUPPRESS)     # a LoadGen driver's socket (drivers/loadgen.py)
 
 
-def run_argv(model: str, shape: dict, **options) -> list[str]:
-    """Arguments of `python -m aio_examples run MODEL ...` for one point: shape overrides and options
-    become long flags (`batch_size=8` -> `--batch-size 8`, `json=True` -> `--json`; None is left out)."""
-    argv = ["-m", "aio_examples", "run", model]
+def run_argv(model: str, shape: dict, command: str = "run", **options) -> list[str]:
+    """Arguments of `python -m aio_examples run MODEL ...` (or another `command` of a model: `loadgen`) for
+    one point: shape overrides and options become long flags (`batch_size=8` -> `--batch-size 8`,
+    `json=True` -> `--json`; None is left out)."""
+    argv = ["-m", "aio_examples", command, model]
     for name, value in [*shape.items(), *options.items()]:
         if value is None or value is False:
             continue

@@ -36,7 +36,7 @@ def test_every_scenario_runs_under_loadgen_and_keeps_its_logs(tmp_path):
     assert [r.scenario["scenario"] for r in records] == ["Offline", "MultiStream", "Server"]
     for r in records:
         assert r.status == "ok" and r.precision_mode == "native" and r.instances == 1
-        assert r.scenario["key"] == f"loadgen-{r.scenario['scenario'].lower()}"
+        assert r.scenario["key"].startswith(f"loadgen-{r.scenario['scenario'].lower()}")
         for name in ("mlperf_log_summary.txt", "mlperf_log_detail.txt", "mlperf_log_accuracy.json"):
             assert (tmp_path / r.instance["loadgen_logs"] / name).exists()
         # each pass the instance ran was a batch LoadGen's samples filled: never more samples than passes x b
@@ -44,6 +44,7 @@ def test_every_scenario_runs_under_loadgen_and_keeps_its_logs(tmp_path):
     offline_rec = records[0]
     assert offline_rec.throughput == {"value": offline["samples_per_s"], "unit": "samples/s"}
     assert records[2].scenario["target_qps"] == pytest.approx(0.5 * offline["samples_per_s"])
+    assert records[2].scenario["key"] == f"loadgen-server-{records[2].scenario['target_qps']:g}qps"
 
 
 def test_single_stream_verdict_from_loadgens_own_log(tmp_path):
@@ -156,3 +157,41 @@ def test_report_draws_the_knee_and_lists_the_peak(tmp_path):
     assert knee.exists() and knee.stat().st_size > 1000
     assert page.count("INVALID") + page.count("VALID") >= 3          # each Server test with its verdict
     assert "multi-instance scaling" not in page.lower() or "instances.png" not in page
+
+
+def test_a_sweep_runs_loadgen_tests_as_points_and_resumes(tmp_path):
+    toml = tmp_path / "serving.toml"
+    toml.write_text(f'''models = ["{MODEL}"]
+backends = ["eager"]
+threads = [1]
+shape = {{input_size = 32}}
+output = "{tmp_path / 'out'}"
+[serving]
+scenarios = ["Offline", "Server"]
+target_qps = [20]
+latency_ms = 500
+duration = 1
+min_queries = 20
+''')
+    proc = run_cli(["-m", "aio_examples", "sweep", "--config", str(toml), "--quiet"], timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    records = records_in(tmp_path / "out")
+    assert [r.scenario["key"] for r in records] == ["loadgen-offline", "loadgen-server-20qps"]
+    assert all(r.status == "ok" and r.point_id for r in records)
+    again = run_cli(["-m", "aio_examples", "sweep", "--config", str(toml), "--quiet"], timeout=600)
+    assert again.returncode == 0 and "2 already done" in again.stdout + again.stderr
+    assert len(records_in(tmp_path / "out")) == 2
+
+
+@pytest.mark.parametrize(("serving", "message"), [
+    ('scenarios = ["Server"]', "no serving.target_qps"),
+    ('scenarios = ["Ofline"]', "--scenario 'Ofline' does not exist"),
+    ('target_qps = [0]', "serving.target_qps [0] is invalid"),
+    ('speed = 3', "serving key 'speed' is unknown"),
+])
+def test_a_sweeps_serving_table_is_checked_before_anything_runs(tmp_path, serving, message):
+    toml = tmp_path / "bad.toml"
+    toml.write_text(f'models = ["{MODEL}"]\noutput = "{tmp_path / "out"}"\n[serving]\n{serving}\n')
+    proc = run_cli(["-m", "aio_examples", "sweep", "--config", str(toml), "--quiet"], timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert not (tmp_path / "out" / "results.jsonl").exists()
