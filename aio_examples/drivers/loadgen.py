@@ -304,8 +304,8 @@ def verdict(scenario: str, log: dict) -> dict:
     """LoadGen's result: VALID/INVALID, the reasons in plain words, and the scenario's figures."""
     valid = log.get("result_validity") == "VALID"
     reasons = [text for key, text in _REASONS.items() if log.get(key) is False]
-    if log.get("result_invalid_reason"):
-        reasons.append(str(log["result_invalid_reason"]))
+    if str(log.get("result_invalid_reason") or "").strip():          # LoadGen's own advice, e.g. reduce the rate
+        reasons.append(str(log["result_invalid_reason"]).strip())
     if not valid and not reasons:
         reasons.append("LoadGen judged the run INVALID (see mlperf_log_summary.txt)")
     out = {"validity": "VALID" if valid else "INVALID", "reasons": reasons,
