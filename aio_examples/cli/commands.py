@@ -270,23 +270,52 @@ def do_loadgen(args) -> int:
     validate(args.precision)
     get_backend(args.backend)
     valid_allocator(args.allocator)
-    threads = args.threads_per_instance or max(1, read_topology().physical_cores // args.instances)
+    from ..datasets import resolve
+
+    data = resolve(spec.task, args.dataset, args.labels, args.num_samples)    # read and checked before starting
+    if args.mode == "accuracy" and not data.labelled:
+        raise UsageError(f"--mode accuracy scores the served answers on a labelled dataset, and {args.model} has "
+                         "none; accepted: --dataset KIND:PATH (or the kind's environment variable, docs/datasets.md)")
+    run_flags = {"dataset": args.dataset, "labels": args.labels, "num_samples": args.num_samples,
+                 "weights": args.weights, "model_dir": args.model_dir}
+    cores = read_topology().physical_cores
+    if args.instances == "auto":
+        if not args.find_peak:
+            raise UsageError("--instances auto searches the layout with the highest valid Server rate; accepted: "
+                             "--instances auto with --scenario Server --find-peak")
+        if args.threads_per_instance:
+            raise UsageError("--instances auto tries every layout of the cores; accepted: no --threads-per-instance")
+        layouts = [(n, cores // n) for n in range(1, cores + 1) if cores % n == 0]
+    else:
+        layouts = [(args.instances, args.threads_per_instance or max(1, cores // args.instances))]
     out = check_output_dir(args.output)
     shape = _shape_overrides(args)
     # a sweep's point: the sweep holds the output folder already
     held = contextlib.nullcontext() if args.point_id else lock_output(out, f"a LoadGen run of {args.model}")
-    with held, Session(args.model, args.backend, args.precision, args.batch_size, args.instances, threads, out, shape,
-                       args.allocator, numa_cpus_from_env(), args.config_override, point_id=args.point_id) as session:
-        peak = find_peak(session, args.latency_ms, args.duration, args.min_queries, args.official) \
-            if args.find_peak else None
-        if settings is not None:
-            session.run(settings)
-    for r in session.records:
-        print(_loadgen_line(r))
-    print(f"records appended to {out / 'results.jsonl'}; LoadGen's logs in {session.folder}")
-    if peak is not None:
-        return 0 if peak.get("peak_qps") else 1
-    return 0 if all(r.status == "ok" for r in session.records) else 1
+    records, peaks = [], []
+    with held:
+        for instances, threads in layouts:
+            with Session(args.model, args.backend, args.precision, args.batch_size, instances, threads, out, shape,
+                         args.allocator, numa_cpus_from_env(), args.config_override,
+                         point_id=args.point_id if len(layouts) == 1 else None, run_flags=run_flags) as session:
+                if args.find_peak:
+                    peaks.append(((instances, threads), find_peak(session, args.latency_ms, args.duration,
+                                                                  args.min_queries, args.official)))
+                else:
+                    session.run(settings)
+            records += session.records
+            for r in session.records:
+                print(_loadgen_line(r))
+            print(f"LoadGen's logs in {session.folder}")
+    print(f"records appended to {out / 'results.jsonl'}")
+    if peaks:
+        found = [(p["peak_qps"], layout) for layout, p in peaks if p.get("peak_qps")]
+        if len(layouts) > 1 and found:
+            best, (n, t) = max(found)
+            print(f"best layout: {n} instance(s) x {t} thread(s), {best:.2f} queries/s within "
+                  f"{args.latency_ms or 100:g} ms at p99")
+        return 0 if found else 1
+    return 0 if all(r.status == "ok" for r in records) else 1
 
 
 def _loadgen_line(r) -> str:
@@ -299,13 +328,20 @@ def _loadgen_line(r) -> str:
         tried = ", ".join(f"{x['target_qps']:g}/s {x['validity']}" for x in lg["runs"])
         return (f"peak Server rate under {lg['latency_bound_ms']:g} ms (p99): {lg['peak_qps']:.2f} queries/s "
                 f"(Offline {lg['offline_qps']:.2f}/s; tried {tried})")
-    lat = lg.get("latency_ms", {})
-    figure = {"Offline": f"{lg.get('samples_per_s') or 0:.2f} samples/s",
-              "Server": f"{sc.get('target_qps'):g} queries/s offered, p99 {lat.get('p99', float('nan')):.1f} ms "
-                        f"(bound {sc.get('latency_ms'):g} ms)",
-              "SingleStream": f"p90 {lat.get('p90', float('nan')):.2f} ms",
-              "MultiStream": f"p99 {lat.get('p99', float('nan')):.2f} ms per 8-sample query"}[sc["scenario"]]
+    lat, nan = lg.get("latency_ms", {}), float("nan")
     why = f" ({'; '.join(lg['reasons'])})" if lg.get("reasons") else ""
+    if sc.get("mode") == "accuracy" and r.accuracy:          # the served answers, scored
+        scored = ", ".join(f"{k} {v:.4f}" for k, v in r.accuracy["metrics"].items())
+        return f"{sc['scenario']} accuracy {what}: {scored} over {r.accuracy['samples']} samples: {lg.get('validity')}{why}"
+    if sc["scenario"] == "Offline":
+        figure = f"{lg.get('samples_per_s') or 0:.2f} samples/s"
+    elif sc["scenario"] == "Server":
+        figure = (f"{sc['target_qps']:g} queries/s offered, p99 {lat.get('p99', nan):.1f} ms "
+                  f"(bound {sc['latency_ms']:g} ms)")
+    elif sc["scenario"] == "SingleStream":
+        figure = f"p90 {lat.get('p90', nan):.2f} ms"
+    else:
+        figure = f"p99 {lat.get('p99', nan):.2f} ms per 8-sample query"
     return f"{sc['scenario']} {what}: {figure}: {lg.get('validity')}{why}"
 
 

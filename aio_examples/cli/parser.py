@@ -95,6 +95,10 @@ def _add_drivers(sub) -> None:
     tp.add_argument("--output", default="results", help="folder for results.jsonl (default ./results)")
 
 
+def _instances(text: str):
+    return "auto" if text == "auto" else positive("--instances", accepted="a whole number >= 1, or auto")(text)
+
+
 def _add_loadgen(sub) -> None:
     """loadgen: serving scenarios under MLPerf LoadGen."""
     from ..drivers.loadgen import MODES, QUICK_DURATION_S, SCENARIOS
@@ -108,8 +112,9 @@ def _add_loadgen(sub) -> None:
     lg.add_argument("-p", "--precision", default="fp32")
     lg.add_argument("-b", "--batch-size", type=positive("-b/--batch-size"), default=1,
                     help="samples an instance runs in one pass (Offline, MultiStream; Server: a dynamic batch)")
-    lg.add_argument("--instances", type=positive("--instances"), default=1,
-                    help="instance processes, each bound to its own cores (default 1)")
+    lg.add_argument("--instances", type=_instances, default=1,
+                    help="instance processes, each bound to its own cores (default 1); auto with --find-peak: "
+                         "the layout of the cores with the highest valid Server rate")
     lg.add_argument("--threads-per-instance", type=positive("--threads-per-instance"), default=None,
                     help="default: the physical cores / instances")
     lg.add_argument("--target-qps", type=float, default=None, help="Server: the Poisson arrival rate (queries/s)")
@@ -124,6 +129,14 @@ def _add_loadgen(sub) -> None:
                     help="Server with -b > 1: how long a batch waits to fill (default 5)")
     lg.add_argument("--official", action="store_true",
                     help="LoadGen's MLPerf settings (its built-in mlperf.conf: 10 minutes, fixed seeds)")
+    lg.add_argument("--dataset", default=None,
+                    help="KIND:PATH of a labelled dataset: --mode accuracy scores the served answers on it "
+                         "(default: the kind's environment variables)")
+    lg.add_argument("--labels", default=None, help="the dataset's labels or annotation file (imagenet, coco)")
+    lg.add_argument("--weights", default=None, help="a local torchvision/PyTorch state-dict file")
+    lg.add_argument("--model-dir", default=None, help="a local Hugging Face model folder (with tokenizer)")
+    lg.add_argument("--num-samples", type=positive("--num-samples"), default=None,
+                    help="only the first N samples of the dataset")
     lg.add_argument("--allocator", default="default", help="default, tcmalloc, jemalloc or hugetlb")
     lg.add_argument("--input-size", type=positive("--input-size"), default=None)
     lg.add_argument("--seq-len", type=positive("--seq-len"), default=None)

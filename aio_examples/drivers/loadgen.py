@@ -13,6 +13,7 @@ arrivals at a target rate: p99 within a latency bound). LoadGen's logs are kept 
 results and its verdict, with the reasons when INVALID, is in the record.
 """
 
+import array
 import math
 import shutil
 import socket
@@ -142,8 +143,8 @@ class _Queue:
 class _SUT:
     """LoadGen's system under test over the instances for one test: one feeder thread per instance."""
 
-    def __init__(self, lg, instances: list, batch_size: int, fill_s: float):
-        self.lg, self.batch_size, self.fill_s = lg, batch_size, fill_s
+    def __init__(self, lg, instances: list, batch_size: int, fill_s: float, answers: bool = False):
+        self.lg, self.batch_size, self.fill_s, self.answers = lg, batch_size, fill_s, answers
         self.queue = _Queue()
         self.failure: str | None = None
         self.lock = threading.Lock()
@@ -159,23 +160,32 @@ class _SUT:
     def flush_queries(self) -> None:
         pass
 
-    def _complete(self, samples) -> None:
-        if samples:
+    def _complete(self, samples, data: list | None = None) -> None:
+        """Tell LoadGen these samples are done; with `data`, each one's answer (bytes LoadGen copies into its
+        accuracy log during the call, so the buffers only have to live until it returns)."""
+        if not samples:
+            return
+        if data is None:
             self.lg.QuerySamplesComplete([self.lg.QuerySampleResponse(s.id, 0, 0) for s in samples])
+            return
+        buffers = [array.array("B", d) for d in data]
+        self.lg.QuerySamplesComplete([self.lg.QuerySampleResponse(s.id, *b.buffer_info())
+                                      for s, b in zip(samples, buffers, strict=True)])
 
     def _feed(self, inst) -> None:
         while samples := self.queue.take(self.batch_size, self.fill_s):
             try:
-                inst.conn.send(("run", len(samples)))
+                inst.conn.send(("samples", [s.index for s in samples]) if self.answers else ("run", len(samples)))
                 answer = inst.conn.recv()
             except (EOFError, OSError):
                 answer = ("error", "its process ended during the run")
             if answer[0] == "done":
                 with self.lock:
                     self.passes += 1
+                self._complete(samples, answer[2] if self.answers else None)
             else:
                 self.fail(f"instance {inst.index}: {answer[1]}")
-            self._complete(samples)
+                self._complete(samples)
 
     def fail(self, reason: str) -> None:
         """Stop running: every query queued now or issued later is completed unrun, so LoadGen ends."""
@@ -354,7 +364,7 @@ class Session:
     def __init__(self, model: str, backend: str, precision: str, batch_size: int, instances: int,
                  threads_per_instance: int, out: Path, shape: dict | None = None, allocator: str = "default",
                  numa_cpus=None, config: list | None = None, prepare_timeout_s: float = PREPARE_TIMEOUT_S,
-                 point_id: str | None = None):
+                 point_id: str | None = None, run_flags: dict | None = None):
         from ..machine.topology import read_topology
         from ..models import get_model
 
@@ -365,6 +375,8 @@ class Session:
         self.topology = read_topology()
         self.cpu_sets = self.topology.disjoint_cpu_sets(instances, threads_per_instance, numa_cpus)
         self.prepare_timeout_s, self.point_id = prepare_timeout_s, point_id
+        # flags each instance's run gets as they are: weights, model folder, dataset, labels, samples
+        self.run_flags = {k: v for k, v in (run_flags or {}).items() if v is not None}
         self.group = res.new_run_id()
         self.folder = self.out / "loadgen" / self.group
         self.members: list[_Instance] = []
@@ -391,7 +403,7 @@ class Session:
                                 batch_size=self.batch_size, threads=self.threads, timeout=60,
                                 output=self.folder / "instances", json=True, instance=f"{index}/{self.instances}",
                                 serve=address, group=self.group, config_override=self.config or None,
-                                point_id=f"{self.group}-{index}")
+                                point_id=f"{self.group}-{index}", **self.run_flags)
                 child = Isolated(argv, env=point_env(point, binding), prefix=binding.prefix())
                 self.members.append(_Instance(index, cores, binding, child))
             self.failure = _connect(self.server, self.members, self.prepare_timeout_s)
@@ -416,22 +428,44 @@ class Session:
             raise UsageError(f"--latency-ms {settings.latency_bound_ms:g} can never be met: one pass of {self.model} "
                              f"{self.backend}/{self.precision} b{self.batch_size} takes {self.pass_ms:.1f} ms here; "
                              f"accepted: a bound above {self.pass_ms:.1f} ms")
+        accuracy = settings.mode == "accuracy"
+        samples = self.members[0].facts.get("samples") if accuracy else PERFORMANCE_SAMPLES
+        if accuracy and not samples:
+            raise UsageError(f"--mode accuracy scores the served answers on a labelled dataset, and {self.model} "
+                             "was given none; accepted: --dataset KIND:PATH (or the kind's environment variable, "
+                             "docs/datasets.md)")
         fill_s = settings.batch_timeout_ms / 1000 if settings.scenario == "Server" and self.batch_size > 1 else 0.0
-        sut = _SUT(lg, self.members, self.batch_size, fill_s)
+        sut = _SUT(lg, self.members, self.batch_size, fill_s, answers=accuracy)
         ts = test_settings(lg, settings, self.model, self.pass_ms, self.instances, self.batch_size)
         logger.info("loadgen: %s %s on %d instance(s) x %d thread(s)%s", settings.scenario, settings.mode,
                     self.instances, self.threads,
                     f" at {settings.target_qps:g} queries/s" if settings.scenario == "Server" else "")
         try:
-            _start_test(lg, sut, ts, logs, PERFORMANCE_SAMPLES)
+            _start_test(lg, sut, ts, logs, samples)
         finally:
             sut.stop()
         self.failure = sut.failure
-        self.pending.append((self._blank(settings), settings, logs, sut.failure, sut.passes, None))
+        record = self._blank(settings)
+        if accuracy and sut.failure is None:
+            record.accuracy = self._score(logs / "mlperf_log_accuracy.json")
+        self.pending.append((record, settings, logs, self.failure, sut.passes, None))
         detail = logs / "mlperf_log_detail.txt"
         if sut.failure is None and detail.exists():
             return verdict(settings.scenario, parse_detail(detail))
         return None
+
+    def _score(self, accuracy_log: Path) -> dict | None:
+        """The first instance scores the answers LoadGen logged (the dataset and the model are its)."""
+        conn = self.members[0].conn
+        try:
+            conn.send(("score", str(accuracy_log)))
+            answer = conn.recv()
+        except (EOFError, OSError):
+            answer = ("error", "its process ended while scoring")
+        if answer[0] != "scored":
+            self.failure = f"instance 0: {answer[1]}"
+            return None
+        return answer[1]
 
     def _blank(self, settings: ServingSettings) -> res.Result:
         r = res.Result.for_config(self.spec, self.backend, self.precision, self.batch_size, self.threads,
@@ -584,6 +618,7 @@ def _complete_record(record: res.Result, settings: ServingSettings, members, own
         first = own[0]
         record.precision_mode, record.strategy, record.backend_info = first.precision_mode, first.strategy, first.backend_info
         record.weights, record.env, record.check = first.weights, first.env, first.check
+        record.dataset = first.dataset
         record.peak_rss_mb = max((r.peak_rss_mb or 0) for r in own) or None
         not_ok = [r for r in own if r.status != "ok"]
         if not_ok:          # an instance's own answer (unsupported, failed) says more than how it ended

@@ -73,3 +73,43 @@ def save_predictions(out_dir: Path | None, run_id: str, backend: str, precision:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, predictions)
     return path.resolve()
+
+
+class SampleSource:
+    """A labelled dataset's samples by index through one prepared configuration, and the scoring of answers
+    given per sample: what an instance serving LoadGen's accuracy mode runs (measurement/scenarios/serve.py).
+
+    An answer is one sample's outputs as the evaluation takes a batch of one: a batch's outputs are split by
+    their leading (batch) dimension, so a model whose outputs are not batch-major (detection: boxes per
+    image) serves one sample a pass."""
+
+    def __init__(self, dataset, spec, shape: dict, module, prepared, batch_size: int, reference: dict | None):
+        self.dataset, self.spec, self.shape, self.module = dataset, spec, shape, module
+        self.prepared, self.batch_size, self.reference = prepared, batch_size, reference
+
+    def __len__(self) -> int:
+        return len(self.dataset.samples)
+
+    def answers(self, indices: list[int]) -> list[list]:
+        from ..core.errors import UnsupportedError
+
+        chunk = [self.dataset.samples[i] for i in indices]
+        padded = chunk + [chunk[-1]] * (self.batch_size - len(chunk))
+        inputs = self.prepared.feed(self.dataset._inputs(self.spec, self.shape, self.module, padded))
+        outputs = flatten(self.prepared.fn(*inputs))
+        if self.batch_size == 1:
+            return [outputs]
+        if not all(getattr(o, "shape", ())[:1] == (self.batch_size,) for o in outputs):
+            raise UnsupportedError(f"{self.spec.name}'s outputs are not batch-major: its accuracy mode under LoadGen "
+                                   "serves one sample a pass (-b 1)")
+        return [[o[i:i + 1] for o in outputs] for i in range(len(chunk))]
+
+    def score(self, answers: dict) -> dict:
+        """The task metrics of {sample index: answer}, beside eager fp32's on the whole dataset."""
+        from ..datasets.base import Batch
+
+        evaluation = self.dataset.evaluation(self.spec, self.module)
+        for index in sorted(answers):
+            evaluation.add(Batch((), [self.dataset._target(self.dataset.samples[index])]), answers[index])
+        scored = Scored(evaluation.metrics(), evaluation.predictions(), len(answers), 0.0)
+        return block(self.dataset, scored, self.reference, None)

@@ -173,11 +173,16 @@ def _run(req: RunRequest, out_dir: Path | None, run_id: str | None, reference: b
         _prepare(cand, req, module, inputs, ctx)
         interrupts.check()          # a signal a library swallowed while preparing still stops the run
     active = [c for c in candidates if c.measurement is not None]
+    serving = getattr(req.scenario, "serves_samples", False) and req.dataset.labelled
+    if serving:         # LoadGen's accuracy mode: the instance answers samples by index, and scores the answers
+        for cand in active:
+            cand.measurement.samples = accuracy.SampleSource(req.dataset, req.spec, req.shape, module, cand.prepared,
+                                                             req.batch_size, reference.metrics)
     interrupted = _drive(active, req)
     for cand in active:
         _fill(cand, req)
         _check(cand, req, reference_output, blank.weights)
-    if reference is not None:
+    if reference is not None and not serving:
         interrupted = interrupted or _accuracy(active, req, module, reference, out_dir, blank.run_id)
     _speedups(candidates)
     if out_dir is not None:

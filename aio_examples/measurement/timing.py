@@ -72,6 +72,7 @@ class Measurement:
     stop_reason: str | None = None
     error: tuple | None = None                     # (status, reason) when a pass raised
     first_output: object = None                    # what the first pass returned, for output checks
+    samples: object = None                         # serving a labelled dataset: its samples by index (accuracy.SampleSource)
     rounds: list = field(default_factory=list)     # [passes, probe ms, reference ms] per round (machine/probe.py)
     turn_starts: list = field(default_factory=list)  # when each turn began (Unix s), taking turns
     cpu_ns: int = 0                                # process CPU time during measured rounds ...

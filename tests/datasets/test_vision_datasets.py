@@ -254,3 +254,23 @@ def test_every_backend_keeps_the_trained_digits_accuracy_at_every_precision_it_r
         assert r.status == "ok", (r.backend, r.precision, r.reason)
         assert r.accuracy["metrics"]["top_1"] >= 0.85
         assert abs(r.accuracy["delta_vs_eager_fp32"]["top_1"]) <= 0.01
+
+
+def test_loadgen_accuracy_mode_scores_the_served_answers(trained_digits, tmp_path):
+    """LoadGen issues every digit once; the answers it logged, scored, are eager fp32's own."""
+    pytest.importorskip("mlperf_loadgen")
+    images, labels, weights = trained_digits
+    out = tmp_path / "results"
+    proc = run_cli(["-m", "aio_examples", "loadgen", "resnet_18", "--weights", str(weights), "--input-size", "32",
+                    "--scenario", "Offline", "--mode", "accuracy", "--dataset", f"imagenet:{images}",
+                    "--labels", str(labels), "-b", "8", "--backend", "eager", "--instances", "2",
+                    "--threads-per-instance", "1", "--output", str(out)], timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    [r] = load_records(out / "results.jsonl")
+    assert r.scenario["mode"] == "accuracy" and r.dataset == "imagenet" and r.accuracy["samples"] == 360
+    assert r.accuracy["metrics"]["top_1"] >= 0.85
+    # the same model on the same samples, served in batches by two processes: exactly eager fp32's answers
+    assert r.accuracy["delta_vs_eager_fp32"]["top_1"] == 0
+    log = json.loads((out / r.instance["loadgen_logs"] / "mlperf_log_accuracy.json").read_text())
+    assert sorted(e["qsl_idx"] for e in log) == list(range(360))          # every sample answered once
+    assert "top_1" in proc.stdout

@@ -195,3 +195,29 @@ def test_a_sweeps_serving_table_is_checked_before_anything_runs(tmp_path, servin
     proc = run_cli(["-m", "aio_examples", "sweep", "--config", str(toml), "--quiet"], timeout=120)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert not (tmp_path / "out" / "results.jsonl").exists()
+
+
+def test_instances_auto_searches_the_peak_of_every_layout(tmp_path):
+    from aio_examples.machine.topology import read_topology
+
+    cores = read_topology().physical_cores
+    proc = run_cli(["-m", "aio_examples", "loadgen", MODEL, "--input-size", "32", "--scenario", "Server",
+                    "--find-peak", "--latency-ms", "50", "--instances", "auto", "--duration", "1",
+                    "--min-queries", "50", "--backend", "eager", "--output", str(tmp_path)], timeout=900)
+    peaks = [r for r in records_in(tmp_path) if r.scenario["key"] == "loadgen-server-peak"]
+    layouts = {(r.instances, r.threads) for r in peaks}
+    assert layouts == {(n, cores // n) for n in range(1, cores + 1) if cores % n == 0}, proc.stdout + proc.stderr
+    found = [r for r in peaks if r.status == "ok"]
+    assert proc.returncode == (0 if found else 1), proc.stderr
+    if len(layouts) > 1 and found:
+        best = max(found, key=lambda r: r.throughput["value"])
+        assert f"best layout: {best.instances} instance(s) x {best.threads} thread(s)" in proc.stdout
+
+
+def test_cli_prints_an_offline_result(tmp_path):
+    proc = run_cli(["-m", "aio_examples", "loadgen", MODEL, "--input-size", "32", "--scenario", "Offline",
+                    "--duration", "1", "--backend", "eager", "--threads-per-instance", "1", "--output", str(tmp_path)],
+                   timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    [r] = records_in(tmp_path)
+    assert f"Offline resnet_18 eager/fp32 b1 1x1: {r.throughput['value']:.2f} samples/s: VALID" in proc.stdout

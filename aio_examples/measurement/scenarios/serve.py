@@ -8,11 +8,17 @@ the driver hands each instance a batch of samples and reports them complete when
 Requests and answers are pickled tuples on a `multiprocessing.connection` socket:
 driver -> instance `("run", samples)` and `("stop",)`; instance -> driver `("ready", facts)` once, then
 `("done", pass_ns)` per request, or `("error", message)` when a pass raised (the driver fails the run).
+In LoadGen's accuracy mode (a labelled dataset) the driver asks `("samples", indices)` and gets
+`("done", pass_ns, answers)`, each sample's outputs as `.npz` bytes, which LoadGen writes to its accuracy log;
+then `("score", accuracy_log)` has the instance score exactly those answers: `("scored", accuracy block)`.
 """
 
+import io
+import json
 import os
 import statistics
 from multiprocessing.connection import Client
+from pathlib import Path
 
 from ...core.errors import UsageError
 from .base import Scenario
@@ -20,9 +26,32 @@ from .base import Scenario
 PROBE_PASSES = 3
 
 
+def encode(outputs: list) -> bytes:
+    """One sample's outputs (numpy arrays, in order) as `.npz` bytes: what LoadGen keeps as its response."""
+    import numpy as np
+
+    buffer = io.BytesIO()
+    np.savez(buffer, *outputs)
+    return buffer.getvalue()
+
+
+def decode(data: bytes) -> list:
+    import numpy as np
+
+    with np.load(io.BytesIO(data)) as archive:
+        return [archive[f"arr_{i}"] for i in range(len(archive.files))]
+
+
+def answers_in(accuracy_log) -> dict:
+    """{sample index: outputs} from LoadGen's `mlperf_log_accuracy.json` (each response's bytes in hex)."""
+    entries = json.loads(Path(accuracy_log).read_text(encoding="utf-8") or "[]")
+    return {int(e["qsl_idx"]): decode(bytes.fromhex(e["data"])) for e in entries}
+
+
 class ServeScenario(Scenario):
     name = "serve"
     key = "serve"
+    serves_samples = True       # given a labelled dataset, the runner hands each measurement its samples
 
     def __init__(self, address: str, index: int, of: int, group: str):
         self.address, self.index, self.of, self.group = address, index, of, group
@@ -60,29 +89,40 @@ class ServeScenario(Scenario):
                 on_error(m, exc)
                 conn.send(("error", f"{type(exc).__name__}: {exc}"[:300]))
                 return
-            conn.send(("ready", {"index": self.index, "pid": os.getpid(), "pass_ms": pass_ms}))
+            conn.send(("ready", {"index": self.index, "pid": os.getpid(), "pass_ms": pass_ms,
+                                 "samples": len(m.samples) if m.samples is not None else None}))
             self._serve(conn, m, on_error)
         finally:
             conn.close()
 
     def _serve(self, conn, m, on_error) -> None:
+        import time
+
         while True:
             try:
                 request = conn.recv()
             except EOFError:              # the driver is gone: nothing more to serve
                 break
-            if request[0] != "run":
-                break
             try:
-                elapsed = m._pass()
-            except Exception as exc:  # noqa: BLE001
+                if request[0] == "run":
+                    answer = ("done", m._pass())
+                elif request[0] == "samples":
+                    start = time.perf_counter_ns()
+                    outputs = m.samples.answers(request[1])
+                    answer = ("done", time.perf_counter_ns() - start, [encode(o) for o in outputs])
+                elif request[0] == "score":
+                    answer = ("scored", m.samples.score(answers_in(request[1])))
+                else:
+                    break
+            except Exception as exc:  # noqa: BLE001  (recorded, and told to the driver, which fails the run)
                 m.stop_reason = "error"
                 on_error(m, exc)
                 conn.send(("error", f"{type(exc).__name__}: {exc}"[:300]))
                 return
-            m.samples_ns.append(elapsed)
-            self.served += 1
-            conn.send(("done", elapsed))
+            if answer[0] == "done":
+                m.samples_ns.append(answer[1])
+                self.served += 1
+            conn.send(answer)
         m.stop_reason = "served"
 
     def annotate(self, result, measurement, task_size):
