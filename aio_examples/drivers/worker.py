@@ -126,7 +126,7 @@ def scenario_of(args: argparse.Namespace, task: str | None = None):
         WindowScenario,
     )
 
-    if args.serve is not None:
+    if getattr(args, "serve", None) is not None:
         return ServeScenario.parse(args.serve, args.instance, args.group or "")
     if args.instance is not None:
         return WindowScenario(InstanceSync.parse(args.instance, args.barrier or ".", args.group or ""))

@@ -37,6 +37,9 @@ def test_the_flags_choose_the_scenario(tmp_path):
                                                                                   "round_s": 1.0}
     with pytest.raises(UsageError, match="--instance '3/2' is invalid"):
         scenario_of(argparse.Namespace(instance="3/2", barrier=None, group=None, turns=None))
+    _, served = parse_run_argv(run_argv("resnet_18", {}, instance="1/2", serve=str(tmp_path / "sut.sock"), group="g"))
+    serving = scenario_of(served)           # an instance of a LoadGen system under test
+    assert serving.name == "serve" and serving.instance() == {"index": 1, "of": 2, "group": "g"}
 
 
 def test_a_point_that_never_wrote_its_record_gets_one_saying_why(tmp_path):
