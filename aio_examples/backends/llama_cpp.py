@@ -58,7 +58,7 @@ class _Engine(Engine):
 
         ids = prompt[0].tolist()
         self.llm.reset()         # no KV cache kept from the last pass: generate() would reuse a matching prefix
-        tokens, stamps = [], []
+        tokens, stamps = [], self.new_stamps()
         first = None
         for token in self.llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0,
                                        reset=True):

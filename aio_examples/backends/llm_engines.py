@@ -67,6 +67,11 @@ class Engine:
 
     def __init__(self, facts: dict):
         self.facts = facts
+        self.on_first_token = None        # called as the first token is out (serving: LoadGen's FirstTokenComplete)
+
+    def new_stamps(self) -> list:
+        """The list `generate` stamps each token into: the first stamp also calls `on_first_token`."""
+        return _Stamps(self.on_first_token)
 
     def generate(self, prompt, new_tokens: int):
         """Greedy generation of exactly `new_tokens` after `prompt` (a (1, n) tensor of token ids), end of
@@ -77,6 +82,17 @@ class Engine:
     def teacher_forced(self, prompt, tokens, steps: int):
         """Logits (1, steps + 1, vocab) of the prefill and of `steps` decode steps fed `tokens`; None when the
         engine exposes no logits (then tokens alone are compared)."""
+
+
+class _Stamps(list):
+    def __init__(self, on_first):
+        super().__init__()
+        self.on_first = on_first
+
+    def append(self, stamp) -> None:
+        super().append(stamp)
+        if len(self) == 1 and self.on_first is not None:
+            self.on_first()
 
 
 def llama_only(step) -> None:

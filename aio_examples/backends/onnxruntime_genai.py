@@ -118,7 +118,7 @@ class _Engine(Engine):
         generator = self._generator(ids.shape[1] + new_tokens)
         generator.append_tokens(ids)             # the prefill, and the first token's logits
         first = torch.from_numpy(np.array(generator.get_logits())).reshape(1, -1).float()
-        tokens, stamps = [], []
+        tokens, stamps = [], self.new_stamps()
         while not generator.is_done():
             generator.generate_next_token()
             tokens.append(int(generator.get_next_tokens()[0]))

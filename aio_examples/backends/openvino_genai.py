@@ -185,7 +185,7 @@ class _Engine(Engine):
 
         ids = prompt.numpy().astype(np.int64)
         self.config.max_new_tokens = new_tokens
-        streamer = _Stamps(self.og)
+        streamer = _Stamps(self.og, self.new_stamps())
         self.pipe.generate(self.og.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids))), self.config,
                            streamer)
         # no logits from the pipeline: the output check compares tokens
@@ -195,13 +195,13 @@ class _Engine(Engine):
         return None
 
 
-def _Stamps(og):
-    """A streamer stamping each token as the pipeline hands it over (one call per decode step)."""
+def _Stamps(og, stamps: list):
+    """A streamer stamping each token into `stamps` as the pipeline hands it over (one call per decode step)."""
 
     class Stamps(og.StreamerBase):
         def __init__(self):
             super().__init__()
-            self.tokens, self.stamps = [], []
+            self.tokens, self.stamps = [], stamps
 
         def write(self, token):
             now = time.perf_counter_ns()

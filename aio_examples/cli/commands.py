@@ -260,13 +260,14 @@ def do_loadgen(args) -> int:
         raise UsageError(f"--find-peak searches Server rates, not {args.scenario}; accepted: --scenario Server")
     settings = ServingSettings(scenario, args.mode, args.duration, args.min_queries,
                                None if args.find_peak else args.target_qps, args.latency_ms, args.batch_timeout_ms,
-                               args.official) if not args.find_peak else None
+                               args.official, args.ttft_ms, args.tpot_ms) if not args.find_peak else None
     if args.find_peak:      # the same checks as a Server run's, at any rate
         ServingSettings("Server", args.mode, args.duration, args.min_queries, 1.0, args.latency_ms)
         if args.target_qps is not None:
             raise UsageError("--find-peak searches the rate itself; accepted: --target-qps or --find-peak, not both")
     spec = get_model(args.model).with_config(args.config_override)
-    check_fits(spec, settings or ServingSettings("Server", target_qps=1.0), args.batch_size)
+    check_fits(spec, settings or ServingSettings("Server", target_qps=1.0, ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms),
+               args.batch_size)
     validate(args.precision)
     get_backend(args.backend)
     valid_allocator(args.allocator)
@@ -300,7 +301,8 @@ def do_loadgen(args) -> int:
                          point_id=args.point_id if len(layouts) == 1 else None, run_flags=run_flags) as session:
                 if args.find_peak:
                     peaks.append(((instances, threads), find_peak(session, args.latency_ms, args.duration,
-                                                                  args.min_queries, args.official)))
+                                                                  args.min_queries, args.official,
+                                                                  ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms)))
                 else:
                     session.run(settings)
             records += session.records
@@ -335,6 +337,10 @@ def _loadgen_line(r) -> str:
         return f"{sc['scenario']} accuracy {what}: {scored} over {r.accuracy['samples']} samples: {lg.get('validity')}{why}"
     if sc["scenario"] == "Offline":
         figure = f"{lg.get('samples_per_s') or 0:.2f} samples/s"
+    elif sc["scenario"] == "Server" and "ttft_ms" in lg:       # a text generator: its token latencies
+        figure = (f"{sc['target_qps']:g} queries/s offered, TTFT p99 {lg['ttft_ms'].get('p99', nan):.1f} ms "
+                  f"(bound {sc['ttft_ms']:g}), TPOT p99 {lg['tpot_ms'].get('p99', nan):.1f} ms (bound "
+                  f"{sc['tpot_ms']:g}), {lg.get('tokens_per_s') or 0:.1f} tokens/s")
     elif sc["scenario"] == "Server":
         figure = (f"{sc['target_qps']:g} queries/s offered, p99 {lat.get('p99', nan):.1f} ms "
                   f"(bound {sc['latency_ms']:g} ms)")

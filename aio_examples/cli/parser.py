@@ -119,6 +119,11 @@ def _add_loadgen(sub) -> None:
                     help="default: the physical cores / instances")
     lg.add_argument("--target-qps", type=float, default=None, help="Server: the Poisson arrival rate (queries/s)")
     lg.add_argument("--latency-ms", type=float, default=None, help="Server: the p99 latency bound (default 100)")
+    lg.add_argument("--ttft-ms", type=float, default=None,
+                    help="text generators: the p99 bound on time to first token (MLPerf's LLM rule)")
+    lg.add_argument("--tpot-ms", type=float, default=None,
+                    help="text generators: the p99 bound on time per output token")
+    lg.add_argument("--new-tokens", type=positive("--new-tokens"), default=None, help="tokens to generate")
     lg.add_argument("--find-peak", action="store_true",
                     help="Server: the highest rate LoadGen judges VALID under --latency-ms (runs Offline first)")
     lg.add_argument("--duration", type=float, default=QUICK_DURATION_S,

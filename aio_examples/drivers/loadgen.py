@@ -15,6 +15,7 @@ results and its verdict, with the reasons when INVALID, is in the record.
 
 import array
 import math
+import re
 import shutil
 import socket
 import tempfile
@@ -42,6 +43,7 @@ MULTISTREAM_SAMPLES = 8
 QUICK_DURATION_S = 10.0
 QUICK_QUERIES = {"SingleStream": 100, "MultiStream": 662, "Offline": 1, "Server": 500}
 DEFAULT_LATENCY_MS = 100.0
+DEFAULT_TTFT_MS, DEFAULT_TPOT_MS = 2000.0, 200.0     # MLPerf's Llama 2 70B Server bounds, for text generators
 PERFORMANCE_SAMPLES = 1024          # the QSL's size in performance mode (synthetic inputs: all alike)
 # MLPerf's benchmark names for `--official` (its per-benchmark settings); other models take its defaults
 MLPERF_NAMES = {"resnet_50_v1": "resnet50", "bert_base": "bert", "bert_large": "bert", "llama_3_2_1b": "llama3_1-8b"}
@@ -66,6 +68,8 @@ class ServingSettings:
     latency_ms: float | None = None            # Server: the p99 bound
     batch_timeout_ms: float = 5.0              # Server with a batch size > 1: how long a batch may wait to fill
     official: bool = False
+    ttft_ms: float | None = None               # text generators, Server: the p99 bounds of MLPerf's LLM
+    tpot_ms: float | None = None               # benchmarks on time to first token and time per output token
 
     def __post_init__(self):
         if self.scenario not in SCENARIOS:
@@ -73,7 +77,7 @@ class ServingSettings:
         if self.mode not in MODES:
             raise UsageError(f"--mode {self.mode!r} is invalid; accepted: {', '.join(MODES)}")
         for flag, value in (("--target-qps", self.target_qps), ("--latency-ms", self.latency_ms),
-                            ("--duration", self.duration_s)):
+                            ("--duration", self.duration_s), ("--ttft-ms", self.ttft_ms), ("--tpot-ms", self.tpot_ms)):
             if value is not None and not (value > 0 and math.isfinite(value)):
                 raise UsageError(f"{flag} {value!r} is invalid; accepted: a number > 0")
         if self.scenario == "Server" and self.target_qps is None:
@@ -143,8 +147,9 @@ class _Queue:
 class _SUT:
     """LoadGen's system under test over the instances for one test: one feeder thread per instance."""
 
-    def __init__(self, lg, instances: list, batch_size: int, fill_s: float, answers: bool = False):
-        self.lg, self.batch_size, self.fill_s, self.answers = lg, batch_size, fill_s, answers
+    def __init__(self, lg, instances: list, batch_size: int, fill_s: float, answers: bool = False,
+                 tokens: bool = False):
+        self.lg, self.batch_size, self.fill_s, self.answers, self.tokens = lg, batch_size, fill_s, answers, tokens
         self.queue = _Queue()
         self.failure: str | None = None
         self.lock = threading.Lock()
@@ -160,10 +165,14 @@ class _SUT:
     def flush_queries(self) -> None:
         pass
 
-    def _complete(self, samples, data: list | None = None) -> None:
+    def _complete(self, samples, data: list | None = None, tokens: int | None = None) -> None:
         """Tell LoadGen these samples are done; with `data`, each one's answer (bytes LoadGen copies into its
-        accuracy log during the call, so the buffers only have to live until it returns)."""
+        accuracy log during the call, so the buffers only have to live until it returns); with `tokens`, how
+        many each generated."""
         if not samples:
+            return
+        if tokens is not None:
+            self.lg.QuerySamplesComplete([self.lg.QuerySampleResponse(s.id, 0, 0, tokens) for s in samples])
             return
         if data is None:
             self.lg.QuerySamplesComplete([self.lg.QuerySampleResponse(s.id, 0, 0) for s in samples])
@@ -177,12 +186,16 @@ class _SUT:
             try:
                 inst.conn.send(("samples", [s.index for s in samples]) if self.answers else ("run", len(samples)))
                 answer = inst.conn.recv()
+                if answer[0] == "first":             # a generator's first token: LoadGen's TTFT ends here
+                    self.lg.FirstTokenComplete([self.lg.QuerySampleResponse(s.id, 0, 0) for s in samples])
+                    answer = inst.conn.recv()
             except (EOFError, OSError):
                 answer = ("error", "its process ended during the run")
             if answer[0] == "done":
                 with self.lock:
                     self.passes += 1
-                self._complete(samples, answer[2] if self.answers else None)
+                self._complete(samples, answer[2] if self.answers else None,
+                               answer[2] if self.tokens and not self.answers else None)
             else:
                 self.fail(f"instance {inst.index}: {answer[1]}")
                 self._complete(samples)
@@ -274,7 +287,8 @@ def serving_argv(point, serving: dict, out: Path) -> list[str]:
                     config_override=list(point.config) or None, output=out, point_id=point.point_id)
 
 
-def test_settings(lg, settings: ServingSettings, model: str, pass_ms: float, instances: int, batch_size: int):
+def test_settings(lg, settings: ServingSettings, model: str, pass_ms: float, instances: int, batch_size: int,
+                  tokens: bool = False):
     """LoadGen's TestSettings for `settings`; the expected latency and throughput from the instances' pass."""
     s = lg.TestSettings()
     s.scenario = getattr(lg.TestScenario, settings.scenario)
@@ -292,6 +306,12 @@ def test_settings(lg, settings: ServingSettings, model: str, pass_ms: float, ins
         s.server_target_qps = settings.target_qps
         if settings.latency_ms is not None or not settings.official:
             s.server_target_latency_ns = int(settings.latency_bound_ms * 1e6)
+    if tokens:                # MLPerf's LLM rules: TTFT and TPOT judged from the token timestamps
+        s.use_token_latencies = True
+        if settings.ttft_ms is not None or not settings.official:
+            s.ttft_latency = int((settings.ttft_ms or DEFAULT_TTFT_MS) * 1e6)
+        if settings.tpot_ms is not None or not settings.official:
+            s.tpot_latency = int((settings.tpot_ms or DEFAULT_TPOT_MS) * 1e6)
     return s
 
 
@@ -318,15 +338,19 @@ def verdict(scenario: str, log: dict) -> dict:
         reasons.append(str(log["result_invalid_reason"]).strip())
     if not valid and not reasons:
         reasons.append("LoadGen judged the run INVALID (see mlperf_log_summary.txt)")
+    stopping = [" ".join(str(log.get(k, "")).split()) for k in
+                ("early_stopping_result", "early_stopping_ttft_result", "early_stopping_tpot_result")]
     out = {"validity": "VALID" if valid else "INVALID", "reasons": reasons,
-           "queries": log.get("result_query_count"),
-           "early_stopping": " ".join(str(log.get("early_stopping_result", "")).split()) or None}
-    pct = {key[len("result_"):-len("_percentile_latency_ns")]: value / 1e6 for key, value in log.items()
-           if key.startswith("result_") and key.endswith("_percentile_latency_ns") and isinstance(value, (int, float))}
-    out["latency_ms"] = {f"p{float(p):g}": v for p, v in sorted(pct.items(), key=lambda kv: float(kv[0]))}
+           "queries": log.get("result_query_count"), "early_stopping": " ".join(x for x in stopping if x) or None}
+    out["latency_ms"] = _percentiles(log, r"result_(\d+\.\d+)_percentile_latency_ns")
     for key in ("result_mean_latency_ns", "result_min_latency_ns", "result_max_latency_ns"):
         if isinstance(log.get(key), (int, float)):
             out["latency_ms"][key.split("_")[1]] = log[key] / 1e6
+    ttft = _percentiles(log, r"result_first_token_(\d+\.\d+)_percentile_latency_ns")
+    if ttft:              # a text generator under MLPerf's token-latency rules
+        out["ttft_ms"] = ttft
+        out["tpot_ms"] = _percentiles(log, r"result_time_per_output_token_(\d+\.\d+)_percentile_ns")
+        out["tokens_per_s"] = log.get("result_completed_tokens_per_second")
     if scenario == "Offline":
         out["samples_per_s"] = log.get("result_samples_per_second")
     elif scenario == "Server":
@@ -341,13 +365,30 @@ def verdict(scenario: str, log: dict) -> dict:
     return out
 
 
+def _percentiles(log: dict, pattern: str) -> dict:
+    """{"p90": ms, ...} of the detail log's keys matching `pattern` (its group: the percentile)."""
+    found = {}
+    for key, value in log.items():
+        match = re.fullmatch(pattern, key or "")
+        if match and isinstance(value, (int, float)):
+            found[float(match.group(1))] = value / 1e6
+    return {f"p{p:g}": found[p] for p in sorted(found)}
+
+
 def check_fits(spec, settings: ServingSettings, batch_size: int) -> None:
     """A scenario the model or the batch size cannot take: one line, before anything starts."""
     from ..models.base import is_generator
 
     if is_generator(spec.task):
-        raise UsageError(f"{spec.name} generates text: its token latencies under LoadGen are not built yet; "
-                         f"accepted here: models that answer in one pass")
+        if settings.scenario == "MultiStream":
+            raise UsageError(f"{spec.name} generates text, and MultiStream is not a scenario of MLPerf's generation "
+                             "benchmarks; accepted: SingleStream, Offline or Server")
+        if settings.mode == "accuracy":
+            raise UsageError(f"--mode accuracy for {spec.name}: its datasets score generation its own way "
+                             "(aio-examples run --dataset); accepted: --mode performance under LoadGen")
+    elif settings.ttft_ms is not None or settings.tpot_ms is not None:
+        raise UsageError(f"--ttft-ms and --tpot-ms bound token latencies, and {spec.name} does not generate text; "
+                         "accepted: --latency-ms")
     if settings.scenario == "SingleStream" and batch_size != 1:
         raise UsageError(f"-b {batch_size} does not fit SingleStream (one sample a query); accepted: -b 1")
     if settings.scenario == "MultiStream" and batch_size > MULTISTREAM_SAMPLES:
@@ -424,7 +465,8 @@ class Session:
         if self.failure is not None:
             self.pending.append((self._blank(settings), settings, logs, self.failure, 0, None))
             return None
-        if settings.scenario == "Server" and settings.latency_bound_ms < self.pass_ms:
+        generator = self.members[0].facts.get("ttft_ms") is not None      # judged on its tokens, not whole passes
+        if settings.scenario == "Server" and not generator and settings.latency_bound_ms < self.pass_ms:
             raise UsageError(f"--latency-ms {settings.latency_bound_ms:g} can never be met: one pass of {self.model} "
                              f"{self.backend}/{self.precision} b{self.batch_size} takes {self.pass_ms:.1f} ms here; "
                              f"accepted: a bound above {self.pass_ms:.1f} ms")
@@ -435,8 +477,13 @@ class Session:
                              "was given none; accepted: --dataset KIND:PATH (or the kind's environment variable, "
                              "docs/datasets.md)")
         fill_s = settings.batch_timeout_ms / 1000 if settings.scenario == "Server" and self.batch_size > 1 else 0.0
-        sut = _SUT(lg, self.members, self.batch_size, fill_s, answers=accuracy)
-        ts = test_settings(lg, settings, self.model, self.pass_ms, self.instances, self.batch_size)
+        tokens = self.members[0].facts.get("ttft_ms") is not None       # a text generator
+        if tokens and settings.ttft_ms is not None and settings.ttft_ms < self.members[0].facts["ttft_ms"]:
+            raise UsageError(f"--ttft-ms {settings.ttft_ms:g} can never be met: the first token of {self.model} "
+                             f"{self.backend}/{self.precision} takes {self.members[0].facts['ttft_ms']:.1f} ms here; "
+                             f"accepted: a bound above it")
+        sut = _SUT(lg, self.members, self.batch_size, fill_s, answers=accuracy, tokens=tokens)
+        ts = test_settings(lg, settings, self.model, self.pass_ms, self.instances, self.batch_size, tokens)
         logger.info("loadgen: %s %s on %d instance(s) x %d thread(s)%s", settings.scenario, settings.mode,
                     self.instances, self.threads,
                     f" at {settings.target_qps:g} queries/s" if settings.scenario == "Server" else "")
@@ -473,6 +520,10 @@ class Session:
                                   point_id=f"{self.group}-{len(self.pending) + 1}")
         r.scenario = {"name": "loadgen", "key": serving_key(settings.scenario, settings.target_qps),
                       **settings.record()}
+        if self.members and self.members[0].facts.get("ttft_ms") is not None and settings.scenario == "Server":
+            # a text generator is judged on its token latencies: those bounds, not a whole-query one
+            r.scenario.pop("latency_ms", None)
+            r.scenario.update(ttft_ms=settings.ttft_ms or DEFAULT_TTFT_MS, tpot_ms=settings.tpot_ms or DEFAULT_TPOT_MS)
         return r
 
     def __exit__(self, *exc) -> None:
@@ -504,7 +555,7 @@ class Session:
 
 def find_peak(session: Session, latency_ms: float | None = None, duration_s: float = QUICK_DURATION_S,
               min_queries: int | None = None, official: bool = False, max_runs: int = 6,
-              tolerance: float = 0.05) -> dict:
+              tolerance: float = 0.05, ttft_ms: float | None = None, tpot_ms: float | None = None) -> dict:
     """The highest Server rate LoadGen judges VALID under the latency bound: Offline throughput first (no
     rate above it can be served), then a bisection between 0 and it, each step a real LoadGen Server test,
     until the bracket is within `tolerance` of its top or `max_runs` Server tests ran. The summary is a
@@ -520,7 +571,7 @@ def find_peak(session: Session, latency_ms: float | None = None, duration_s: flo
         target = high
         for _ in range(max_runs):
             settings = ServingSettings("Server", target_qps=round(target, 3), latency_ms=latency_ms,
-                                       min_queries=min_queries, **common)
+                                       min_queries=min_queries, ttft_ms=ttft_ms, tpot_ms=tpot_ms, **common)
             result = session.run(settings)
             if result is None:
                 summary["reason"] = f"a Server run failed: {session.failure}"

@@ -229,6 +229,7 @@ class GreedyGeneration:
         self.pass_metrics: dict = {}
         self.facts: dict = {"weight_bytes": weight_bytes} if weight_bytes else {}
         self.facts["prompt_tokens"] = prompt.shape[1]
+        self.on_first_token = None     # called as the first token is out (serving: LoadGen's FirstTokenComplete)
 
     def _prefill(self, cache):
         # A step may run its prefill its own way (backends/generation.py: eager beside a compiled decode step)
@@ -245,6 +246,8 @@ class GreedyGeneration:
         first_logits = self._prefill(cache)
         tokens = [first_logits.argmax(-1)]
         stamps = [time.perf_counter_ns()]
+        if self.on_first_token is not None:
+            self.on_first_token()
         for i in range(self.new_tokens - 1):
             tokens.append(self._decode(tokens[-1][:, None], cache, prompt_len + i).argmax(-1))
             stamps.append(time.perf_counter_ns())
@@ -276,11 +279,13 @@ class EngineGeneration:
 
     def __init__(self, engine, prompt: torch.Tensor, new_tokens: int):
         self.engine, self.prompt, self.new_tokens = engine, prompt, new_tokens
+        self.on_first_token = None     # handed to the engine for each pass (serving)
         self.pass_metrics: dict = {}
         self.facts: dict = {**engine.facts, "prompt_tokens": prompt.shape[1]}
 
     def __call__(self):
         start = time.perf_counter_ns()
+        self.engine.on_first_token = self.on_first_token
         tokens, first_logits, stamps = self.engine.generate(self.prompt, self.new_tokens)
         if len(stamps) != self.new_tokens:
             raise RuntimeError(f"the engine generated {len(stamps)} tokens, not the {self.new_tokens} asked for")

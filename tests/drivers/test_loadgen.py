@@ -221,3 +221,20 @@ def test_cli_prints_an_offline_result(tmp_path):
     assert proc.returncode == 0, proc.stderr
     [r] = records_in(tmp_path)
     assert f"Offline resnet_18 eager/fp32 b1 1x1: {r.throughput['value']:.2f} samples/s: VALID" in proc.stdout
+
+
+TINY_LLAMA = ["num_hidden_layers=1", "hidden_size=128", "intermediate_size=256", "num_attention_heads=4",
+              "num_key_value_heads=2", "head_dim=32", "vocab_size=512"]
+
+
+def test_a_text_generator_is_judged_on_its_token_latencies(tmp_path):
+    with Session("llama_3_2_1b", "eager", "fp32", 1, 1, 1, tmp_path, {"seq_len": 16, "new_tokens": 8},
+                 config=TINY_LLAMA) as s:
+        result = s.run(ServingSettings("Server", target_qps=5, ttft_ms=2000, tpot_ms=200, duration_s=1.0,
+                                       min_queries=20))
+    # the first token is reported as it comes out, well before the query's last one
+    assert result["ttft_ms"]["p50"] < result["latency_ms"]["p50"]
+    assert 0 < result["tpot_ms"]["p50"] < result["latency_ms"]["p50"] and result["tokens_per_s"] > 0
+    [r] = records_in(tmp_path)
+    assert r.scenario["ttft_ms"] == 2000 and r.scenario["tpot_ms"] == 200 and "latency_ms" not in r.scenario
+    assert r.metrics["loadgen"]["queries"] >= 20

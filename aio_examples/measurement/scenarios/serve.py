@@ -7,7 +7,9 @@ the driver hands each instance a batch of samples and reports them complete when
 
 Requests and answers are pickled tuples on a `multiprocessing.connection` socket:
 driver -> instance `("run", samples)` and `("stop",)`; instance -> driver `("ready", facts)` once, then
-`("done", pass_ns)` per request, or `("error", message)` when a pass raised (the driver fails the run).
+`("done", pass_ns)` per request, or `("error", message)` when a pass raised (the driver fails the run). A
+text generator also says `("first",)` the moment its first token is out, and answers `("done", pass_ns,
+tokens per sample)`, so LoadGen times the first token and each one after (MLPerf's TTFT and TPOT).
 In LoadGen's accuracy mode (a labelled dataset) the driver asks `("samples", indices)` and gets
 `("done", pass_ns, answers)`, each sample's outputs as `.npz` bytes, which LoadGen writes to its accuracy log;
 then `("score", accuracy_log)` has the instance score exactly those answers: `("scored", accuracy block)`.
@@ -89,7 +91,9 @@ class ServeScenario(Scenario):
                 on_error(m, exc)
                 conn.send(("error", f"{type(exc).__name__}: {exc}"[:300]))
                 return
+            ttft = (getattr(m.fn, "pass_metrics", None) or {}).get("ttft")       # a generator's last probe pass
             conn.send(("ready", {"index": self.index, "pid": os.getpid(), "pass_ms": pass_ms,
+                                 "ttft_ms": ttft / 1e6 if ttft else None,
                                  "samples": len(m.samples) if m.samples is not None else None}))
             self._serve(conn, m, on_error)
         finally:
@@ -104,7 +108,12 @@ class ServeScenario(Scenario):
             except EOFError:              # the driver is gone: nothing more to serve
                 break
             try:
-                if request[0] == "run":
+                if request[0] == "run" and hasattr(m.fn, "on_first_token"):     # a generator: tokens timed too
+                    m.fn.on_first_token = lambda: conn.send(("first",))
+                    elapsed = m._pass()
+                    m.fn.on_first_token = None
+                    answer = ("done", elapsed, m.fn.new_tokens)
+                elif request[0] == "run":
                     answer = ("done", m._pass())
                 elif request[0] == "samples":
                     start = time.perf_counter_ns()
