@@ -238,3 +238,18 @@ def test_a_text_generator_is_judged_on_its_token_latencies(tmp_path):
     [r] = records_in(tmp_path)
     assert r.scenario["ttft_ms"] == 2000 and r.scenario["tpot_ms"] == 200 and "latency_ms" not in r.scenario
     assert r.metrics["loadgen"]["queries"] >= 20
+
+
+def test_quick_settings_and_loadgens_own_mlperf_settings():
+    import mlperf_loadgen as lg
+
+    from aio_examples.drivers.loadgen import test_settings
+
+    quick = test_settings(lg, ServingSettings("Server", target_qps=40, latency_ms=100), "resnet_50_v1", 20.0, 2, 1)
+    assert (quick.min_duration_ms, quick.min_query_count) == (10_000, 500)
+    assert quick.server_target_qps == 40 and quick.server_target_latency_ns == 100_000_000
+    assert quick.offline_expected_qps == pytest.approx(100.0)            # 2 instances x 1 sample / 20 ms
+    official = test_settings(lg, ServingSettings("Offline", official=True), "resnet_50_v1", 20.0, 2, 1)
+    assert official.min_duration_ms == 600_000                              # MLPerf's ten minutes
+    assert official.performance_sample_count_override == 1024              # its resnet50 entry
+    assert official.schedule_rng_seed != 0                                  # its fixed seeds
