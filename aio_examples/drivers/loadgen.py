@@ -32,7 +32,7 @@ from ..core.errors import UsageError
 from ..core.log import logger
 from ..core.processes import Isolated
 from ..machine.binding import plan, probe
-from .worker import run_argv
+from .worker import child_env, run_argv
 
 SCENARIOS = ("SingleStream", "MultiStream", "Offline", "Server")
 MODES = ("performance", "accuracy")
@@ -426,8 +426,6 @@ class Session:
         self.pending: list[tuple] = []     # (record, settings, logs, failure, passes, peak summary or None)
 
     def __enter__(self) -> Self:
-        from .sweep import Point, point_env
-
         (self.folder / "instances").mkdir(parents=True, exist_ok=True)
         self.scratch = Path(tempfile.mkdtemp(prefix="aio-loadgen-"))
         address = str(self.scratch / "sut.sock")
@@ -435,8 +433,6 @@ class Session:
         self.server.bind(address)
         self.server.listen(self.instances)
         self.server.settimeout(0.2)
-        point = Point(self.model, self.backend, self.precision, self.batch_size, self.threads, self.allocator,
-                      tuple(sorted(self.shape.items())))
         try:
             for index, cores in enumerate(self.cpu_sets):
                 binding = probe(plan(self.topology, cores))
@@ -445,7 +441,7 @@ class Session:
                                 output=self.folder / "instances", json=True, instance=f"{index}/{self.instances}",
                                 serve=address, group=self.group, config_override=self.config or None,
                                 point_id=f"{self.group}-{index}", **self.run_flags)
-                child = Isolated(argv, env=point_env(point, binding), prefix=binding.prefix())
+                child = Isolated(argv, env=child_env(self.threads, self.allocator, binding), prefix=binding.prefix())
                 self.members.append(_Instance(index, cores, binding, child))
             self.failure = _connect(self.server, self.members, self.prepare_timeout_s)
         except BaseException:

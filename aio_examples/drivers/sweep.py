@@ -33,7 +33,7 @@ from ..machine.binding import plan, probe
 from ..machine.topology import numa_cpus_from_env, read_topology
 from ..measurement.timing import ORDER_SEED, ROUND_GAP_S, ROUND_S
 from .turns import Taker
-from .worker import record_failure, run_argv
+from .worker import child_env, record_failure, run_argv
 
 SHAPE_KEYS = ("input_size", "seq_len", "new_tokens")
 # Shape axes: a list of values, each a point of its own, for the models whose shape has that dimension
@@ -357,11 +357,7 @@ def finished_points(out: Path) -> set[str]:
 
 def point_env(point: Point, binding, base=None) -> dict:
     """The child's environment: threads, binding and allocator in place before it imports torch."""
-    env = dict(os.environ if base is None else base)
-    env.update(binding.child_env(point.threads))
-    env.update(allocators.env_for(point.allocator, env))
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
+    return child_env(point.threads, point.allocator, binding, base)
 
 
 @dataclass

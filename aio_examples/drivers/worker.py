@@ -8,6 +8,7 @@ A point whose process never wrote its own record gets one from `record_failure`,
 
 import argparse
 import math
+import os
 
 from ..core import records as res
 from ..core.errors import UsageError
@@ -85,6 +86,17 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--turns", default=None, help=argparse.SUPPRESS)     # READ_FD,WRITE_FD from a sweep (drivers/turns.py)
     p.add_argument("--group", default=None, help=argparse.SUPPRESS)
     p.add_argument("--serve", default=None, help=argparse.SUPPRESS)     # a LoadGen driver's socket (drivers/loadgen.py)
+
+
+def child_env(threads: int, allocator: str, binding, base=None) -> dict:
+    """A worker's environment: threads, binding and allocator in place before it imports torch."""
+    from ..machine import allocators
+
+    env = dict(os.environ if base is None else base)
+    env.update(binding.child_env(threads))
+    env.update(allocators.env_for(allocator, env))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
 
 
 def run_argv(model: str, shape: dict, command: str = "run", **options) -> list[str]:

@@ -197,6 +197,7 @@ def test_a_sweeps_serving_table_is_checked_before_anything_runs(tmp_path, servin
     assert not (tmp_path / "out" / "results.jsonl").exists()
 
 
+@pytest.mark.slow      # a peak search per layout: the second tier
 def test_instances_auto_searches_the_peak_of_every_layout(tmp_path):
     from aio_examples.machine.topology import read_topology
 

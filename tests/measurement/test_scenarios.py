@@ -50,5 +50,5 @@ def test_the_default_scenario_is_interleaved_latency_rounds(tmp_path):
 
 
 def test_the_registry_names_every_scenario_by_its_own_name():
-    assert set(SCENARIOS) == {"latency", "generation", "turns", "window"}
+    assert set(SCENARIOS) == {"latency", "generation", "turns", "window", "serve"}
     assert all(name == cls.name and cls.key for name, cls in SCENARIOS.items())
