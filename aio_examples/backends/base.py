@@ -21,6 +21,9 @@ class Prepared:
     compiles_on_first_call: bool = False        # then the runner makes one pass part of preparation
     # torch inputs as the eager model takes them -> this backend's form; None: like `inputs` (dtype, layout)
     convert: Callable[[tuple], tuple] | None = None
+    # (passes, trace path or None) -> (tool, rows of {op, self_ms, calls, shapes} per pass, trace written or
+    # None): the engine's own profiler (measurement/profile.py); None: torch.profiler around `fn`
+    profile: Callable[[int, Any], tuple] | None = None
 
     def feed(self, inputs: tuple) -> tuple:
         """Other inputs of the example inputs' shapes (a dataset's batches) in the form `fn` takes."""

@@ -70,7 +70,7 @@ def do_run(model: str, args) -> int:
 
     req = RunRequest(spec, backends, precisions, args.batch_size, choice, shape, args.weights, args.model_dir,
                      StopRule(timeout_s=args.timeout, num_runs=args.num_runs), scenario=scenario_of(args),
-                     point_id=args.point_id, probe=args.probe, dataset=dataset)
+                     point_id=args.point_id, probe=args.probe, dataset=dataset, profile=args.profile)
     compare = len(backends) > 1 or len(precisions) > 1
     results = run(req, out_dir, reference=compare)
     if args.json:
@@ -84,6 +84,10 @@ def do_run(model: str, args) -> int:
             print("configurations were measured in interleaved rounds in a new order each round, "
                   "so machine drift affects all of them alike")
         print(format_table(results))
+        if args.profile:
+            from ..measurement.profile import table
+
+            print(table(results))
         print(f"\nrecords appended to {out_dir / 'results.jsonl'}")
     return 0 if any(r.status in ("ok", "fail_accuracy") for r in results) else 1
 

@@ -78,6 +78,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--probe", action="store_true",
                    help="after every second of passes, read the machine (one core's speed at numpy matmuls, "
                         "and how fast the cores hand work over) so compare can take its moves out of a change")
+    p.add_argument("--profile", action="store_true",
+                   help="after the timed passes, profile a few more: time per op category and the top ops per "
+                        "configuration, a Chrome trace under OUTPUT/profiles (timings unchanged)")
     p.add_argument("--json", action="store_true", help="print the records as JSON lines instead of a table")
     # Set by the drivers (sweep, throughput) for the processes they start: see run_argv.
     p.add_argument("--point-id", default=None, help=argparse.SUPPRESS)

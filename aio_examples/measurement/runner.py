@@ -47,6 +47,7 @@ class RunRequest:
     dataset: Dataset = field(default_factory=lambda: get_dataset(DEFAULT_DATASET))   # where the inputs come from
     point_id: str | None = None      # the sweep point this run answers
     probe: bool = False              # measure the machine probe after every round (machine/probe.py)
+    profile: bool = False            # profiled passes after the timed ones (measurement/profile.py)
     flops_per_pass: int | None = None  # filled by run(): FLOPs of one pass (zoo models), for % of machine peak
 
     def __post_init__(self):
@@ -182,6 +183,8 @@ def _run(req: RunRequest, out_dir: Path | None, run_id: str | None, reference: b
     for cand in active:
         _fill(cand, req)
         _check(cand, req, reference_output, blank.weights)
+        if req.profile and cand.result.status == "ok" and not interrupted:
+            _profile(cand, out_dir)
     if reference is not None and not serving:
         interrupted = interrupted or _accuracy(active, req, module, reference, out_dir, blank.run_id)
     _speedups(candidates)
@@ -190,6 +193,17 @@ def _run(req: RunRequest, out_dir: Path | None, run_id: str | None, reference: b
     if interrupted:
         raise interrupted
     return [c.result for c in candidates]
+
+
+def _profile(cand: _Candidate, out_dir: Path | None) -> None:
+    """Profiled passes of a measured configuration, after its timed ones (they never change its timings)."""
+    from . import profile
+
+    trace = profile.trace_path(out_dir, cand.result.run_id, cand.backend, cand.precision)
+    try:
+        cand.result.metrics["profile"] = profile.profile_prepared(cand.prepared, cand.measurement.fn, trace=trace)
+    except Exception as exc:  # noqa: BLE001  (a profile that cannot be taken costs only the profile)
+        cand.result.warnings.append(f"not profiled: {type(exc).__name__}: {exc}"[:300])
 
 
 def _append_all(out_dir: Path, results: list[res.Result]) -> None:

@@ -31,7 +31,7 @@ from ..core import records as res
 from ..core import scores
 from ..core.paths import safe_name
 from ..core.records import KEY_FIELDS, Result
-from . import generation, serving
+from . import generation, profiles, serving
 from .page import STYLE, img
 from .plots import plot_accuracy, plot_instances, plot_model, plot_suite
 
@@ -352,6 +352,7 @@ def write_html(records, df, suite, setting, plots: dict, out: Path, acc=None, ge
         rows = shown_all[shown_all.model == model].drop(columns=["model", "task", "machine"])
         rows = rows.drop(columns=[c for c in scored if (rows[c] == "").all()])       # other models' metrics
         parts.append(rows.to_html(index=False, classes="results"))
+    parts.append(profiles.section(records))
     if serve is not None and not serve.empty:
         parts.append("<h2 id='serving'>Serving (MLPerf LoadGen)</h2>")
         parts.append(serving.table(serve))
