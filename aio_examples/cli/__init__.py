@@ -56,7 +56,8 @@ def _guard(fn) -> int:
 def main(argv=None) -> int:
     def go():
         args = build_parser().parse_args(argv)
-        if args.command == "run":
+        if args.command in ("run", "profile"):
+            args.profile = args.profile or args.command == "profile"
             return do_run(args.model, args)
         return COMMANDS[args.command](args)
     return _guard(go)

@@ -214,6 +214,11 @@ def build_parser() -> argparse.ArgumentParser:
     run_p = sub.add_parser("run", help="measure one model")
     run_p.add_argument("model")
     add_run_arguments(run_p)
+    prof = sub.add_parser("profile", help="measure one model and profile each configuration (run --profile): "
+                                          "time per op category and the top ops, eager against compiled")
+    prof.add_argument("model")
+    add_run_arguments(prof)
+    prof.add_argument("--backends", dest="backend", default=None, help="comma list (same as --backend)")
     list_p = sub.add_parser("list", help="the model zoo with task, input shape and FLOPs")
     list_p.add_argument("--no-flops", action="store_true", help="skip counting FLOPs (counted once, then cached)")
     list_p.add_argument("--json", action="store_true")
