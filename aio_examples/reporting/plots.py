@@ -172,6 +172,23 @@ def plot_decode_lines(rows, x: str, series: list[str], title: str, path: Path) -
     return save(fig, path)
 
 
+def plot_profile_categories(labels: list[str], shares: list[dict], names: list[str], path: Path) -> Path:
+    """Stacked bars: each profiled configuration's time by op category (shares of its profiled time)."""
+    fig, ax = figure(8.0, 1.2 + 0.45 * len(labels))
+    left = np.zeros(len(labels))
+    for name in names:
+        values = np.array([100 * s.get(name, 0.0) for s in shares])
+        ax.barh(range(len(labels)), values, left=left, label=name)
+        left += values
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("share of profiled time (%)")
+    ax.set_title("where the time goes, by op category")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    return save(fig, path)
+
+
 def plot_knee(rows, title: str, path: Path) -> Path:
     """p99 latency against the offered Server rate, one line per backend x precision x batch x layout; VALID
     points filled, INVALID ones crosses, each line's latency bound dashed."""

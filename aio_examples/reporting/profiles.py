@@ -2,9 +2,12 @@
 its top ops (measurement/profile.py). Only reports with such records get the section."""
 
 import html
+from pathlib import Path
 
 from ..core.records import Result
 from ..measurement.profile import NAMES
+from .page import img
+from .plots import plot_profile_categories
 
 INTRO = ("<p>Profiled passes run after the timed ones (the timings above are unprofiled). Self time per pass "
          "by op category, as a share of the configuration's profiled time, then each one's top ops: torch "
@@ -22,7 +25,13 @@ def profiled(records) -> list[Result]:
     return list(latest.values())
 
 
-def section(records) -> str:
+def plot(rows: list[Result], path: Path) -> Path:
+    """The category bars of the profiled configurations (also for notebooks)."""
+    labels = [f"{r.model} {r.backend} {r.precision} b{r.batch_size}" for r in rows]
+    return plot_profile_categories(labels, [r.metrics["profile"]["categories_share"] for r in rows], NAMES, path)
+
+
+def section(records, plot_dir: Path | None = None) -> str:
     rows = profiled(records)
     if not rows:
         return ""
@@ -30,6 +39,8 @@ def section(records) -> str:
     parts = ["<h2 id='profiles'>Where the time goes (profiles)</h2>", INTRO,
              (f"<table><tr><th>model</th><th>backend</th><th>precision</th><th>batch</th><th>tool</th>{head}"
              "<th>profiled ms a pass</th><th>op calls a pass</th></tr>")]
+    if plot_dir is not None:
+        parts.insert(2, img(plot(rows, plot_dir / "profile-categories.png"), "time by op category per configuration"))
     for r in rows:
         p = r.metrics["profile"]
         cells = "".join(f"<td>{100 * p['categories_share'].get(n, 0):.1f}%</td>" for n in NAMES)

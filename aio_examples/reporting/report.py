@@ -352,7 +352,7 @@ def write_html(records, df, suite, setting, plots: dict, out: Path, acc=None, ge
         rows = shown_all[shown_all.model == model].drop(columns=["model", "task", "machine"])
         rows = rows.drop(columns=[c for c in scored if (rows[c] == "").all()])       # other models' metrics
         parts.append(rows.to_html(index=False, classes="results"))
-    parts.append(profiles.section(records))
+    parts.append(profiles.section(records, out / "plots"))
     if serve is not None and not serve.empty:
         parts.append("<h2 id='serving'>Serving (MLPerf LoadGen)</h2>")
         parts.append(serving.table(serve))

@@ -52,3 +52,4 @@ def test_run_py_profiles_each_backend_with_its_own_profiler(tmp_path):
     page = (tmp_path / "report" / "report.html").read_text()
     assert "Where the time goes (profiles)" in page and page.count("Top ops:") == 3
     assert all(n in page for n in NAMES)
+    assert (tmp_path / "report" / "plots" / "profile-categories.png").stat().st_size > 1000
