@@ -53,3 +53,12 @@ def test_run_py_profiles_each_backend_with_its_own_profiler(tmp_path):
     assert "Where the time goes (profiles)" in page and page.count("Top ops:") == 3
     assert all(n in page for n in NAMES)
     assert (tmp_path / "report" / "plots" / "profile-categories.png").stat().st_size > 1000
+
+
+def test_the_profile_command_is_run_with_profile(tmp_path):
+    proc = run_cli(["-m", "aio_examples", "profile", "resnet_18", "--backends", "eager", "--input-size", "32",
+                    "--timeout", "1", "-t", "1", "--output", str(tmp_path)])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    [r] = load_records(tmp_path / "results.jsonl")
+    assert r.backend == "eager" and r.metrics["profile"]["tool"] == "torch.profiler"
+    assert "top ops, eager/fp32" in proc.stdout
