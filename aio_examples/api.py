@@ -12,11 +12,12 @@ def benchmark(model, *, precision: str = "fp32", backend: str = "eager", batch_s
               threads: int | None = None, example_inputs=None, input_size: int | None = None,
               seq_len: int | None = None, new_tokens: int | None = None, weights: str | None = None,
               model_dir: str | None = None, timeout: float = 60.0, num_runs: int | None = None,
-              output=None, allow_oversubscribe: bool = False) -> Result:
+              output=None, allow_oversubscribe: bool = False, profile: bool = False) -> Result:
     """Measure a zoo model (by name) or your own `torch.nn.Module` (with `example_inputs`) on one backend.
 
     Returns a `Result` (`.to_dict()`, `.to_series()` for a pandas row); with `output`, the record is
-    also appended to `<output>/results.jsonl`.
+    also appended to `<output>/results.jsonl`. With `profile`, a few profiled passes follow the timed ones:
+    `result.metrics["profile"]` (docs/profiling.md).
     """
     choice = resolve_threads(threads, allow_oversubscribe=allow_oversubscribe)
     rule = StopRule(timeout_s=timeout, num_runs=num_runs)
@@ -24,12 +25,13 @@ def benchmark(model, *, precision: str = "fp32", backend: str = "eager", batch_s
     if isinstance(model, str):
         spec = get_model(model)
         shape = spec.shape(input_size=input_size, seq_len=seq_len, new_tokens=new_tokens)
-        req = RunRequest(spec, [backend], precision, batch_size, choice, shape, weights, model_dir, rule)
+        req = RunRequest(spec, [backend], precision, batch_size, choice, shape, weights, model_dir, rule,
+                         profile=profile)
     else:
         if example_inputs is None:
             raise TypeError("benchmark(module) needs example_inputs=(tensor, ...)")
         inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
         spec, batch, shapes = custom_spec(model, inputs)
         req = RunRequest(spec, [backend], precision, batch, choice, shapes, rule=rule, module=model,
-                         example_inputs=inputs)
+                         example_inputs=inputs, profile=profile)
     return run(req, out_dir)[0]

@@ -41,6 +41,8 @@ def images(nb) -> int:
 def test_example_notebook_runs_and_draws(path):
     nb = execute(path, SMALL[path])
     assert images(nb) >= 2      # the picture (vision) and the chart; two charts (nlp: speeds, decode vs roofline)
+    if path.startswith("classification"):
+        assert images(nb) >= 3          # and the profile's category bars
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "Random weights" in text or "random weights" in text          # said plainly
     if path.startswith("nlp"):          # the generation table: per-token figures of each precision
