@@ -51,8 +51,21 @@ def do_run(model: str, args) -> int:
     export_thread_env(choice.threads)          # before torch starts its thread pools
     from ..models import get_model
 
-    spec = get_model(model).with_config(args.config_override)
-    shape = spec.shape(input_size=args.input_size, seq_len=args.seq_len, new_tokens=args.new_tokens)
+    own = None            # a user's model file: (module, example inputs)
+    if getattr(args, "model_file", None):
+        if model is not None:
+            raise UsageError(f"--model-file names the model itself; accepted: a zoo name ({model!r}) or "
+                             "--model-file, not both")
+        from ..models.files import load_model_file
+
+        spec, module, inputs, args.batch_size, shape = load_model_file(args.model_file, args.input_shape,
+                                                                       args.input_dtype)
+        own = (module, inputs)
+    elif model is None:
+        raise UsageError("no model given; accepted: a zoo name (aio-examples list) or --model-file FILE")
+    else:
+        spec = get_model(model).with_config(args.config_override)
+        shape = spec.shape(input_size=args.input_size, seq_len=args.seq_len, new_tokens=args.new_tokens)
     from ..datasets import resolve
 
     dataset = resolve(spec.task, args.dataset, args.labels, args.num_samples)   # read and checked before building
@@ -68,9 +81,11 @@ def do_run(model: str, args) -> int:
     from ..measurement.runner import RunRequest, run
     from ..measurement.timing import StopRule
 
-    req = RunRequest(spec, backends, precisions, args.batch_size, choice, shape, args.weights, args.model_dir,
+    req = RunRequest(spec, backends, precisions, args.batch_size, choice, shape,
+                     args.model_file if own else args.weights, args.model_dir,
                      StopRule(timeout_s=args.timeout, num_runs=args.num_runs), scenario=scenario_of(args),
-                     point_id=args.point_id, probe=args.probe, dataset=dataset, profile=args.profile)
+                     point_id=args.point_id, probe=args.probe, dataset=dataset, profile=args.profile,
+                     module=own[0] if own else None, example_inputs=own[1] if own else None)
     compare = len(backends) > 1 or len(precisions) > 1
     results = run(req, out_dir, reference=compare)
     if args.json:

@@ -212,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog=PROG, description="Benchmark CPU inference with PyTorch across backends and precisions.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     run_p = sub.add_parser("run", help="measure one model")
-    run_p.add_argument("model")
+    run_p.add_argument("model", nargs="?", help="a zoo name (or --model-file)")
     add_run_arguments(run_p)
     prof = sub.add_parser("profile", help="measure one model and profile each configuration (run --profile): "
                                           "time per op category and the top ops, eager against compiled")

@@ -66,6 +66,13 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="change the architecture's config (transformers models; repeatable), e.g. "
                         "num_hidden_layers=2: recorded in the input shape")
     p.add_argument("--weights", default=None, help="a local torchvision/PyTorch state-dict file")
+    p.add_argument("--model-file", default=None,
+                   help="your own model instead of a zoo name: a saved torch.export program (.pt2) or a TorchScript "
+                        "module (.pt); recorded under the file's name with its digest")
+    p.add_argument("--input-shape", default=None,
+                   help="the model file's input shapes, NAME=DxDx...,... in order (a .pt2 may carry its own)")
+    p.add_argument("--input-dtype", default=None, help="float32 (default), bfloat16, float16, int64, int32 or "
+                                                       "bool; a comma list gives one per input")
     p.add_argument("--model-dir", default=None, help="a local Hugging Face model folder (with tokenizer)")
     p.add_argument("--dataset", default=None,
                    help="KIND:PATH of a labelled dataset to score every configuration on (imagenet, coco, squad, "

@@ -25,7 +25,8 @@ from .scenarios import GenerationScenario, LatencyScenario, Scenario
 from .timing import Measurement, StopRule, time_passes
 
 # Messages of errors that mean "this build cannot do that", not "something broke".
-_UNSUPPORTED_MARKERS = ("not implemented for", "Unsupported", "not supported", "NotImplementedError")
+_UNSUPPORTED_MARKERS = ("not implemented for", "Unsupported", "not supported", "NotImplementedError",
+                        "does not support")
 
 
 @dataclass
