@@ -159,6 +159,7 @@ def test_report_draws_the_knee_and_lists_the_peak(tmp_path):
     assert "multi-instance scaling" not in page.lower() or "instances.png" not in page
 
 
+@pytest.mark.slow      # two sweeps of their own: the second tier, like the other sweep tests
 def test_a_sweep_runs_loadgen_tests_as_points_and_resumes(tmp_path):
     toml = tmp_path / "serving.toml"
     toml.write_text(f'''models = ["{MODEL}"]
