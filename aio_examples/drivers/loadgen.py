@@ -49,7 +49,6 @@ PERFORMANCE_SAMPLES = 1024          # the QSL's size in performance mode (synthe
 MLPERF_NAMES = {"resnet_50_v1": "resnet50", "bert_base": "bert", "bert_large": "bert", "llama_3_2_1b": "llama3_1-8b"}
 PREPARE_TIMEOUT_S = 900.0
 
-_PERCENTILE = {"SingleStream": "90.00", "MultiStream": "99.00", "Server": "99.00", "Offline": None}
 _REASONS = {"result_min_duration_met": "the run was shorter than the minimum duration",
             "result_min_queries_met": "fewer queries completed than the minimum query count",
             "result_perf_constraints_met": "the latency bound was not met at the target percentile",
@@ -423,6 +422,7 @@ class Session:
         self.members: list[_Instance] = []
         self.failure: str | None = None
         self.pass_ms: float | None = None
+        self.ttft_ms: float | None = None
         self.pending: list[tuple] = []     # (record, settings, logs, failure, passes, peak summary or None)
 
     def __enter__(self) -> Self:
@@ -449,6 +449,8 @@ class Session:
             raise
         if self.failure is None:
             self.pass_ms = max(m.facts["pass_ms"] for m in self.members)
+            # a text generator's first token (its instances report one): judged on tokens, not whole passes
+            self.ttft_ms = self.members[0].facts.get("ttft_ms")
         return self
 
     def run(self, settings: ServingSettings) -> dict | None:
@@ -461,8 +463,7 @@ class Session:
         if self.failure is not None:
             self.pending.append((self._blank(settings), settings, logs, self.failure, 0, None))
             return None
-        generator = self.members[0].facts.get("ttft_ms") is not None      # judged on its tokens, not whole passes
-        if settings.scenario == "Server" and not generator and settings.latency_bound_ms < self.pass_ms:
+        if settings.scenario == "Server" and self.ttft_ms is None and settings.latency_bound_ms < self.pass_ms:
             raise UsageError(f"--latency-ms {settings.latency_bound_ms:g} can never be met: one pass of {self.model} "
                              f"{self.backend}/{self.precision} b{self.batch_size} takes {self.pass_ms:.1f} ms here; "
                              f"accepted: a bound above {self.pass_ms:.1f} ms")
@@ -473,10 +474,10 @@ class Session:
                              "was given none; accepted: --dataset KIND:PATH (or the kind's environment variable, "
                              "docs/datasets.md)")
         fill_s = settings.batch_timeout_ms / 1000 if settings.scenario == "Server" and self.batch_size > 1 else 0.0
-        tokens = self.members[0].facts.get("ttft_ms") is not None       # a text generator
-        if tokens and settings.ttft_ms is not None and settings.ttft_ms < self.members[0].facts["ttft_ms"]:
+        tokens = self.ttft_ms is not None
+        if tokens and settings.ttft_ms is not None and settings.ttft_ms < self.ttft_ms:
             raise UsageError(f"--ttft-ms {settings.ttft_ms:g} can never be met: the first token of {self.model} "
-                             f"{self.backend}/{self.precision} takes {self.members[0].facts['ttft_ms']:.1f} ms here; "
+                             f"{self.backend}/{self.precision} takes {self.ttft_ms:.1f} ms here; "
                              f"accepted: a bound above it")
         sut = _SUT(lg, self.members, self.batch_size, fill_s, answers=accuracy, tokens=tokens)
         ts = test_settings(lg, settings, self.model, self.pass_ms, self.instances, self.batch_size, tokens)
@@ -516,7 +517,7 @@ class Session:
                                   point_id=f"{self.group}-{len(self.pending) + 1}")
         r.scenario = {"name": "loadgen", "key": serving_key(settings.scenario, settings.target_qps),
                       **settings.record()}
-        if self.members and self.members[0].facts.get("ttft_ms") is not None and settings.scenario == "Server":
+        if self.ttft_ms is not None and settings.scenario == "Server":
             # a text generator is judged on its token latencies: those bounds, not a whole-query one
             r.scenario.pop("latency_ms", None)
             r.scenario.update(ttft_ms=settings.ttft_ms or DEFAULT_TTFT_MS, tpot_ms=settings.tpot_ms or DEFAULT_TPOT_MS)
@@ -590,17 +591,6 @@ def find_peak(session: Session, latency_ms: float | None = None, duration_s: flo
     session.pending.append((blank, None, session.folder, session.failure if summary["peak_qps"] is None else None,
                             0, summary))
     return summary
-
-
-def run_loadgen(model: str, backend: str, precision: str, batch_size: int, instances: int, threads_per_instance: int,
-                settings: ServingSettings, out: Path, **options) -> res.Result:
-    """One LoadGen test over freshly started instances: its record, appended to `out`."""
-    from ..models import get_model
-
-    check_fits(get_model(model).with_config(options.get("config")), settings, batch_size)
-    with Session(model, backend, precision, batch_size, instances, threads_per_instance, out, **options) as session:
-        session.run(settings)
-    return session.records[0]
 
 
 def _connect(server, members: list, timeout_s: float):
