@@ -124,8 +124,9 @@ def test_aio_weighs_its_compiled_generation_path_against_inductors_eagers_and_th
     spec = tiny_llama()
     records = run(RunRequest(spec, ["aio"], ["bf16", "int8"], 1, ThreadChoice(1, "--threads"), spec.shape(**SHAPE),
                              rule=StopRule(timeout_s=0.5)), tmp_path)
-    # llama.cpp runs both precisions (BF16, Q8_0); ONNX Runtime GenAI neither (fp32 and int4 only): refused
-    engines = {"llama_cpp"} if BACKENDS["llama_cpp"].unavailable_reason() is None else set()
+    # llama.cpp (BF16, Q8_0) and OpenVINO GenAI (bf16 weights as F16, Q8_0) run both precisions;
+    # ONNX Runtime GenAI neither (fp32 and int4 only): refused
+    engines = {name for name in ("llama_cpp", "openvino_genai") if BACKENDS[name].unavailable_reason() is None}
     for r in records:
         assert r.status == "ok", r.reason
         assert r.metrics["generation"]["recompilations"] == 0
