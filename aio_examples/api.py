@@ -1,33 +1,50 @@
 """The Python API notebooks and users call: `benchmark(...)`."""
 
+import os
+
+from .core.errors import UsageError
 from .core.records import Result, check_output_dir
 from .machine.threads import resolve_threads
 from .measurement.runner import RunRequest, run
 from .measurement.timing import StopRule
-from .models import get_model
+from .models import get_model, is_path
 from .models.custom import custom_spec
+from .models.files import load_model_file
 
 
 def benchmark(model, *, precision: str = "fp32", backend: str = "eager", batch_size: int = 1,
               threads: int | None = None, example_inputs=None, input_size: int | None = None,
               seq_len: int | None = None, new_tokens: int | None = None, weights: str | None = None,
               model_dir: str | None = None, timeout: float = 60.0, num_runs: int | None = None,
-              output=None, allow_oversubscribe: bool = False, profile: bool = False) -> Result:
-    """Measure a zoo model (by name) or your own `torch.nn.Module` (with `example_inputs`) on one backend.
+              output=None, allow_oversubscribe: bool = False, profile: bool = False,
+              config: list[str] | None = None, input_shape: str | None = None,
+              input_dtype: str | None = None) -> Result:
+    """Measure a zoo model (by name), your own model file or Hugging Face folder (by path: `.pt2`, `.pt` and
+    `.onnx` with `input_shape`/`input_dtype` where the file does not say them, docs/models.md) or your own
+    `torch.nn.Module` (with `example_inputs`) on one backend.
 
     Returns a `Result` (`.to_dict()`, `.to_series()` for a pandas row); with `output`, the record is
     also appended to `<output>/results.jsonl`. With `profile`, a few profiled passes follow the timed ones:
-    `result.metrics["profile"]` (docs/profiling.md).
+    `result.metrics["profile"]` (docs/profiling.md). `config`: `KEY=VALUE` overrides of a transformers model's
+    architecture, as `--config-override` (`["num_hidden_layers=2"]`); they are part of the record's input shape.
     """
     choice = resolve_threads(threads, allow_oversubscribe=allow_oversubscribe)
     rule = StopRule(timeout_s=timeout, num_runs=num_runs)
     out_dir = check_output_dir(output) if output is not None else None
-    if isinstance(model, str):
-        spec = get_model(model)
+    if isinstance(model, str) and is_path(model) and not os.path.isdir(model):
+        spec, module, inputs, batch, shapes = load_model_file(model, input_shape, input_dtype)
+        req = RunRequest(spec, [backend], precision, batch, choice, shapes, model, rule=rule, module=module,
+                         example_inputs=inputs, profile=profile)
+    elif isinstance(model, str):
+        if is_path(model):              # a Hugging Face folder
+            model_dir = model
+        spec = get_model(model).with_config(config)
         shape = spec.shape(input_size=input_size, seq_len=seq_len, new_tokens=new_tokens)
         req = RunRequest(spec, [backend], precision, batch_size, choice, shape, weights, model_dir, rule,
                          profile=profile)
     else:
+        if config:
+            raise UsageError(f"config={config!r} applies to a zoo model by name; accepted: none for a built module")
         if example_inputs is None:
             raise TypeError("benchmark(module) needs example_inputs=(tensor, ...)")
         inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)

@@ -74,3 +74,24 @@ def test_api_validates_like_the_cli():
         benchmark("resnet_18", batch_size=0, threads=1)
     with pytest.raises(UsageError, match="precision 'int3'"):
         benchmark("resnet_18", precision="int3", threads=1)
+
+
+def test_config_overrides_make_a_smaller_model_and_are_recorded():
+    r = benchmark("bert_base", config=["num_hidden_layers=1", "hidden_size=64", "intermediate_size=128",
+                                       "num_attention_heads=2"], seq_len=8, threads=1, num_runs=2)
+    assert r.status == "ok" and r.input_shape["config.num_hidden_layers"] == 1
+    assert r.input_shape["config.hidden_size"] == 64
+    with pytest.raises(UsageError, match="no 'layers'"):
+        benchmark("bert_base", config=["layers=1"], threads=1, num_runs=1)
+    with pytest.raises(UsageError, match="built module"):
+        benchmark(TinyNet(), example_inputs=(torch.randn(1, 32),), config=["num_hidden_layers=1"], threads=1)
+
+
+def test_a_model_file_by_path_with_its_input_shape(tmp_path):
+    """An ONNX file with a symbolic batch: the shape given, the file's digest recorded, the torch backends refused."""
+    net = TinyNet().eval()
+    torch.onnx.export(net, (torch.randn(1, 32),), tmp_path / "tiny.onnx", input_names=["x"],
+                      dynamic_axes={"x": {0: "n"}}, dynamo=False, opset_version=17)
+    r = benchmark(str(tmp_path / "tiny.onnx"), backend="onnxruntime", input_shape="3x32", threads=1, num_runs=2)
+    assert r.status == "ok" and r.model == "tiny" and r.batch_size == 3 and "sha256" in r.weights_path
+    assert benchmark(str(tmp_path / "tiny.onnx"), input_shape="3x32", threads=1).status == "unsupported"   # eager

@@ -15,9 +15,12 @@ from ..core.paths import cache_dir, safe_name
 
 
 def weights_digest(module) -> str:
-    """sha256 over every parameter and buffer (names, dtypes, shapes, bytes) of a module."""
+    """sha256 over every parameter and buffer (names, dtypes, shapes, bytes) of a module; a model that is a file
+    (a user's ONNX graph) holds its weights there: its file's digest."""
     import torch
 
+    if isinstance(getattr(module, "digest", None), str):
+        return module.digest
     digest = hashlib.sha256()
     for name, tensor in module.state_dict().items():
         if not isinstance(tensor, torch.Tensor):

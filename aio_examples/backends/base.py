@@ -42,6 +42,12 @@ def _like(new, ref):
     return new.to(dtype=ref.dtype, memory_format=torch.channels_last if channels_last else torch.preserve_format)
 
 
+def onnx_source(model):
+    """The ONNX file a model is (a user's `--model-file NAME.onnx`: a graph for the runtimes, no torch graph in
+    it), or None for a torch module."""
+    return None if getattr(model, "torch_graph", True) else model.path
+
+
 def held_bytes(model) -> int:
     """Bytes of a module's parameters and buffers, each tensor once (a tied weight is one)."""
     return sum({id(t): t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]}.values())
@@ -53,7 +59,7 @@ class PrepareContext:
 
     model_name: str
     task: str
-    family: str                 # "vision" (conv nets, ViT), "nlp" or "speech"
+    family: str                 # "vision" (conv nets, ViT), "nlp", "speech", "recommendation"...
     shape: dict                 # the model's shape settings, e.g. {"input_size": 224}
     batch_size: int
     weights_id: str             # digest of the weights: part of every cache key

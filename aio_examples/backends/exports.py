@@ -17,6 +17,7 @@ from ..core import precision as prec
 from ..core.errors import UnsupportedError, short_error
 from ..core.log import logger
 from .artifacts import artifact_dir, describe_inputs, digests, intact
+from .base import onnx_source
 
 MODEL_FILE = "model.onnx"
 TORCHSCRIPT_OPSET = 17
@@ -126,6 +127,8 @@ def export_onnx(model, example_inputs: tuple, ctx, precision: str = "fp32") -> t
     import torch
 
     dtype = prec.dtype(precision)           # UnsupportedError for int8: quantize an fp32 export instead
+    if onnx_source(model) is not None:
+        return _own_onnx(onnx_source(model), ctx, precision)
     folder = artifact_dir("onnx", ctx.model_name, inputs=describe_inputs(example_inputs), precision=precision,
                           weights=ctx.weights_id, module=f"{type(model).__module__}.{type(model).__qualname__}",
                           **_library_versions())
@@ -158,3 +161,42 @@ def export_onnx(model, example_inputs: tuple, ctx, precision: str = "fp32") -> t
         except Exception as exc:  # noqa: BLE001  (either exporter may reject a model; the other may not)
             errors[exporter] = short_error(exc)
     raise UnsupportedError("ONNX export failed: " + "; ".join(f"{k}: {v}" for k, v in errors.items()))
+
+
+def _own_onnx(source: Path, ctx, precision: str) -> tuple[Path, dict]:
+    """A user's ONNX file as the backends take an export: a copy (cached by its digest) whose graph inputs are
+    named `input0..N` by position. It runs at the precision it was saved in; the backends quantize it to int8."""
+    import onnx
+
+    if precision != "fp32":
+        raise UnsupportedError(f"an ONNX file runs at the precision it was saved in, not {precision}: "
+                               "accepted here: fp32, and int8 (quantized from it)")
+
+    def rename(scratch: Path) -> dict:
+        proto = onnx.load(str(source))      # with any external data, saved again beside the copy
+        initializers = {i.name for i in proto.graph.initializer}
+        inputs = [i for i in proto.graph.input if i.name not in initializers]
+        names = dict(zip((i.name for i in inputs), input_names(inputs), strict=True))
+        for value in inputs:
+            value.name = names[value.name]
+        _rename_uses(proto.graph, names)
+        onnx.save(proto, str(scratch / MODEL_FILE), save_as_external_data=proto.ByteSize() > _PROTOBUF_LIMIT)
+        return {"exporter": "none: the user's ONNX file", "source": str(source), "opset": _opset(scratch / MODEL_FILE),
+                "inputs_renamed": names}
+
+    folder = artifact_dir("onnx", ctx.model_name, weights=ctx.weights_id, source="file", onnx=onnx.__version__)
+    info, cached = cached_artifact(folder, MODEL_FILE, rename)
+    return folder / MODEL_FILE, {**info, "onnx_path": str(folder / MODEL_FILE), "cached": cached}
+
+
+def _rename_uses(graph, names: dict) -> None:
+    """Rename the graph's inputs wherever a node (or a subgraph of If/Loop/Scan) reads them, and graph outputs
+    that are inputs passed straight through."""
+    for node in graph.node:
+        node.input[:] = [names.get(n, n) for n in node.input]
+        for attribute in node.attribute:
+            for sub in [attribute.g, *attribute.graphs]:
+                if sub.ByteSize():
+                    _rename_uses(sub, names)
+    for output in graph.output:
+        output.name = names.get(output.name, output.name)

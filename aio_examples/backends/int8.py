@@ -5,7 +5,8 @@ Two schemes, chosen by `is_conv_net` (do convolutions or Linear layers do most o
 - Linear-heavy models (transformers, ViT) take *dynamic* int8: weights are int8 ahead of time and
   activations are quantized on each call from their own range, so no calibration is needed.
   Without a compiler (eager, TorchScript) that is torch.ao `quantize_dynamic`, which swaps each
-  `nn.Linear` for a module calling the `quantized::linear_dynamic` kernel (`dynamic_int8`).
+  `nn.Linear` for a module calling the `quantized::linear_dynamic` kernel (`dynamic_int8`); summing
+  `nn.EmbeddingBag` tables (a recommender's) get 8-bit rows with their own scale and offset there too.
   Dynamo cannot trace those modules' packed weights (it breaks the graph at each one), so inductor
   takes the PT2E flow instead (`pt2e_int8(..., dynamic=True)`).
 - Conv nets take *static* int8: activation scales come from calibration batches. That is the PT2E
@@ -28,6 +29,7 @@ from ..core.errors import UnsupportedError
 from ..core.log import logger
 
 DYNAMIC_LINEAR = "int8-dynamic-linear"    # torch.ao quantize_dynamic: int8 Linear kernels, no compiler
+ROWWISE_TABLES = "int8-dynamic-linear+rowwise-embedding-bags"   # and 8-bit row-wise EmbeddingBag tables (DLRM)
 PT2E_STATIC = "int8-pt2e-static"          # PT2E, calibrated activation scales, lowered by inductor
 PT2E_DYNAMIC = "int8-pt2e-dynamic"        # PT2E, per-call activation scales, lowered by inductor
 CALIBRATION_BATCHES = 8
@@ -73,6 +75,8 @@ def is_conv_net(module, example_inputs: tuple | None = None) -> bool:
     """True when convolutions do most of the work (static int8 with calibration suits these);
     Linear-heavy models (transformers, ViT) take dynamic int8 instead. Pass `example_inputs` to
     weigh the work one pass does rather than the parameters."""
+    if callable(getattr(module, "is_conv_net", None)):   # a model that is a file (an ONNX graph) counts its own
+        return module.is_conv_net()
     conv, linear = work_split(module, example_inputs)
     return conv > linear
 
@@ -174,22 +178,34 @@ def _quiet_torchao():
 
 
 def dynamic_int8(model):
-    """Dynamic int8 for every `nn.Linear` (in place): returns (model, info).
+    """Dynamic int8 for every `nn.Linear`, and 8-bit row-wise weights for every summing `nn.EmbeddingBag` (in
+    place): returns (model, info).
 
+    The tables are a recommender's bytes: each row gets its own fp32 scale and offset (torch.ao's
+    float_qparams_weight_only_qconfig) and fbgemm's embedding_bag_byte kernel sums the rows, the usual DLRM int8.
+    That kernel always sums and ignores padding_idx and max_norm, so other bags stay fp32.
     Runs in eager mode and survives tracing; raises UnsupportedError when nothing was quantized.
     """
     import torch
     from torch import nn
+    from torch.ao.quantization import default_dynamic_qconfig, float_qparams_weight_only_qconfig
 
     converted = hf_conv1d_to_linear(model)
     conv_left = sum(p.numel() for m in model.modules() if isinstance(m, nn.modules.conv._ConvNd)
                     for p in m.parameters(recurse=False))
-    model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
+    tables = [name for name, m in model.named_modules() if type(m) is nn.EmbeddingBag and m.mode == "sum"
+              and m.padding_idx is None and m.max_norm is None]
+    spec = {nn.Linear: default_dynamic_qconfig, **dict.fromkeys(tables, float_qparams_weight_only_qconfig)}
+    model = torch.ao.quantization.quantize_dynamic(model, spec, inplace=True)
     count = quantized_modules(model)
     if not count:
         raise UnsupportedError(f"dynamic int8 found no nn.Linear to quantize in {type(model).__name__}")
     info = {"quantizer": "torch.ao.quantization.quantize_dynamic(nn.Linear, qint8)",
             "quantized_engine": torch.backends.quantized.engine, "quantized_modules": count}
+    rowwise = sum(isinstance(m, torch.ao.nn.quantized.EmbeddingBag) for m in model.modules())
+    if rowwise:
+        info["quantizer"] += " + EmbeddingBag(float_qparams_weight_only_qconfig: 8-bit rows)"
+        info["rowwise_int8_embedding_bags"] = rowwise
     if converted:
         info["conv1d_converted_to_linear"] = converted
     if conv_left:
@@ -202,14 +218,15 @@ def dynamic_int8(model):
 
 
 def eager_int8(model, example_inputs: tuple):
-    """int8 that runs without a compiler: dynamic int8 Linear layers. Returns (model, precision_mode, info).
+    """int8 that runs without a compiler: dynamic int8 Linear layers (and 8-bit row-wise tables). Returns
+    (model, precision_mode, info).
 
     Conv nets raise UnsupportedError: their static int8 only becomes int8 kernels through inductor.
     """
     if is_conv_net(model, example_inputs):
         raise UnsupportedError(STATIC_NEEDS_INDUCTOR)
     model, info = dynamic_int8(model)
-    return model, DYNAMIC_LINEAR, info
+    return model, ROWWISE_TABLES if info.get("rowwise_int8_embedding_bags") else DYNAMIC_LINEAR, info
 
 
 def _import_pt2e():
@@ -294,6 +311,8 @@ def inductor_int8(model, example_inputs: tuple, calibration: list[tuple] | None)
 
     Returns (graph module to compile, precision_mode, info).
     """
+    from torch import nn
+
     if is_generation_step(model):
         raise UnsupportedError(GENERATION_STEP)
     if getattr(model, "jit_mode", "trace") == "script":   # the model says a trace would freeze one path
@@ -302,7 +321,10 @@ def inductor_int8(model, example_inputs: tuple, calibration: list[tuple] | None)
         graph, info = pt2e_int8(model, example_inputs, calibration, dynamic=False)
         return graph, PT2E_STATIC, info
     hf_conv1d_to_linear(model)
+    bags = sum(isinstance(m, nn.EmbeddingBag) for m in model.modules())
     graph, info = pt2e_int8(model, example_inputs, dynamic=True)
+    if bags:                    # the quantizer annotates Linear layers only: a recommender's tables stay fp32
+        info["embedding_bags_left_fp32"] = bags
     return graph, PT2E_DYNAMIC, info
 
 

@@ -325,9 +325,20 @@ def _gemm_as_matmul(src: Path, dst: Path) -> Path:
         return src
     del proto.graph.node[:]
     proto.graph.node.extend(nodes)
-    used = {i for n in proto.graph.node for i in n.input}
+    used = set(_names_read(proto.graph))
     kept = [t for t in proto.graph.initializer if t.name in used]
     del proto.graph.initializer[:]
     proto.graph.initializer.extend(kept)
     onnx.save(proto, str(dst))
     return dst
+
+
+def _names_read(graph):
+    """The names every node reads, in subgraphs too (Loop and If bodies): an initializer read only there (the
+    export of an EmbeddingBag's loop over bags) is still used."""
+    for node in graph.node:
+        yield from node.input
+        for attribute in node.attribute:
+            for sub in [attribute.g, *attribute.graphs]:
+                if sub.ByteSize():
+                    yield from _names_read(sub)

@@ -18,7 +18,7 @@ from pathlib import Path
 from ..core.errors import UnsupportedError
 from ..core.log import logger
 from .artifacts import artifact_dir, describe_inputs, digests, intact
-from .base import Backend, Prepared
+from .base import Backend, Prepared, onnx_source
 
 # precision -> (INFERENCE_PRECISION_HINT asked, the OPTIMIZATION_CAPABILITIES entry the CPU needs for it).
 # int8 keeps the f32 hint: quantized layers run int8, the rest f32.
@@ -145,7 +145,9 @@ def _convert(model, example_inputs: tuple, model_name: str):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
-            ov_model = ov.convert_model(_traceable(model, example_inputs), example_input=tuple(example_inputs))
+            source = onnx_source(model)
+            ov_model = (ov.convert_model(str(source)) if source is not None else
+                        ov.convert_model(_traceable(model, example_inputs), example_input=tuple(example_inputs)))
     except Exception as exc:  # any converter failure means this model cannot run here
         raise UnsupportedError(f"OpenVINO cannot convert {model_name}: {_cause(exc)}") from exc
     if len(ov_model.inputs) != len(example_inputs):

@@ -16,7 +16,7 @@ import platform
 from ..core.errors import UnsupportedError, UsageError, short_error
 from ..core.log import logger
 from ..machine import contention
-from .base import Backend, Prepared, held_bytes
+from .base import Backend, Prepared, held_bytes, onnx_source
 from .llm_engines import EngineBackend
 
 STRATEGIES = ("compiled", "onnxruntime", "openvino")
@@ -37,6 +37,8 @@ def strategies_for(model, engines: dict | None = None) -> tuple:
     from .int8 import is_generation_step
 
     names = GENERATION_STRATEGIES if is_generation_step(model) else STRATEGIES
+    if onnx_source(model) is not None:      # a graph for the runtimes only
+        names = tuple(s for s in names if s in ("onnxruntime", "openvino"))
     if engines is None:
         return names
     return tuple(s for s in names if s == "compiled" or (s in engines and engines[s].unavailable_reason() is None))

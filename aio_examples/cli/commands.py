@@ -49,8 +49,14 @@ def do_run(model: str, args) -> int:
     precisions = _precisions(args.precision)
     choice = resolve_threads(args.threads, allow_oversubscribe=args.allow_oversubscribe)
     export_thread_env(choice.threads)          # before torch starts its thread pools
-    from ..models import get_model
+    from ..models import get_model, is_path
 
+    if model is not None and is_path(model):          # a path where a zoo name goes: the file or folder it names
+        flag = "--model-dir" if Path(model).is_dir() else "--model-file"
+        if getattr(args, flag[2:].replace("-", "_"), None):
+            raise UsageError(f"{model!r} and {flag} both name the model; accepted: one of them")
+        setattr(args, flag[2:].replace("-", "_"), model)
+        model = None
     own = None            # a user's model file: (module, example inputs)
     if getattr(args, "model_file", None):
         if model is not None:
@@ -61,10 +67,16 @@ def do_run(model: str, args) -> int:
         spec, module, inputs, args.batch_size, shape = load_model_file(args.model_file, args.input_shape,
                                                                        args.input_dtype)
         own = (module, inputs)
-    elif model is None:
-        raise UsageError("no model given; accepted: a zoo name (aio-examples list) or --model-file FILE")
+    elif model is None and not args.model_dir:
+        raise UsageError("no model given; accepted: a zoo name (aio-examples list), --model-file FILE or "
+                         "--model-dir DIR")
     else:
-        spec = get_model(model).with_config(args.config_override)
+        if model is None:
+            from ..models.folders import folder_spec
+
+            spec = folder_spec(args.model_dir).with_config(args.config_override)
+        else:
+            spec = get_model(model).with_config(args.config_override)
         shape = spec.shape(input_size=args.input_size, seq_len=args.seq_len, new_tokens=args.new_tokens)
     from ..datasets import resolve
 
@@ -188,7 +200,11 @@ def do_matrix(args) -> int:
             threads = resolve_threads(args.threads).threads
         with lock_output(out_dir, "a support matrix"):
             run_matrix(models, backends, precisions, out_dir, threads, args.point_timeout)
-    table = render(out_dir, models, backends, precisions)
+    from ..drivers.matrix import previous_cells
+
+    # A matrix of some models only: the file's rows of the others stay
+    previous = previous_cells(readme.read_text()) if readme is not None and args.models else None
+    table = render(out_dir, models, backends, precisions, previous)
     print(table)
     (out_dir / "support_matrix.md").write_text(table)
     if readme is not None:

@@ -443,11 +443,14 @@ def format_table(results: list[Result]) -> str:
 
 
 def _check_cell(r: Result) -> str:
-    """Output check against eager fp32: pass/FAIL and the cosine similarity."""
+    """Output check against eager fp32: pass/FAIL and the cosine similarity (probabilities: the largest absolute
+    error, which is what judges them)."""
     if not r.check:
         return "-"
-    cosine = r.check.get("cosine")
-    return ("pass" if r.check["passed"] else "FAIL") + (f" cos {cosine:.4f}" if cosine is not None else "")
+    verdict, cosine, error = "pass" if r.check["passed"] else "FAIL", r.check.get("cosine"), r.check.get("max_abs_err")
+    if "max_abs_err" in (r.check.get("judged") or []) and error is not None:
+        return f"{verdict} err {error:.4f}"
+    return verdict + (f" cos {cosine:.4f}" if cosine is not None else "")
 
 
 def _accuracy_cell(r: Result) -> str:

@@ -1,9 +1,12 @@
 """COCO object detection: a folder of images and its instances annotation file, scored by pycocotools.
 
-Boxes come back from the model at its input size and are mapped to the original image's coordinates;
-torchvision's COCO detectors number their classes by COCO category id (91 slots), so labels are ids.
+Boxes come back from the model at its input size and are mapped to the original image's coordinates (and
+clipped to it); the zoo's detectors number their classes by COCO category id (91 slots: torchvision's natively,
+YOLO's mapped from its 80 classes, models/yolo.py), so labels are ids.
 Predictions are written as COCO results JSON, which pycocotools (or anyone) rescores as it is.
 """
+
+import numpy as np
 
 from ..core.errors import UsageError
 from ..models.vision import detections
@@ -86,10 +89,13 @@ class CocoEvaluation(Evaluation):
     def add(self, batch, outputs):
         for (image_id, (sx, sy)), (boxes, labels, scores) in zip(batch.targets, detections(outputs), strict=False):
             self.image_ids.append(image_id)
+            # clipped to the image: a letterboxed input (YOLO's) has padding that boxes reach into
+            image = self.ground_truth.imgs.get(image_id, {})
+            size = [image.get("width", np.inf), image.get("height", np.inf)]
+            boxes = np.clip(boxes * (sx, sy, sx, sy), 0, size * 2)
             for (x1, y1, x2, y2), label, score in zip(boxes, labels, scores, strict=True):
                 self.results.append({"image_id": image_id, "category_id": int(label), "score": round(float(score), 5),
-                                     "bbox": [round(float(v), 2) for v in (x1 * sx, y1 * sy, (x2 - x1) * sx,
-                                                                           (y2 - y1) * sy)]})
+                                     "bbox": [round(float(v), 2) for v in (x1, y1, x2 - x1, y2 - y1)]})
 
     def metrics(self):
         return metrics.coco_detection(self.ground_truth, self.results, self.image_ids)

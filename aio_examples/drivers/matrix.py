@@ -56,18 +56,48 @@ def _record_crash(out_dir, spec, backend, precision, threads, outcome) -> None:
     record_failure(out_dir, spec, backend, precision, 1, threads or 0, spec.smoke_shape(), status, outcome.reason)
 
 
-def render(out_dir: Path, models, backends, precisions) -> str:
-    """One Markdown table per precision (models x backends) with numbered reasons below."""
-    cells = _cells(out_dir)
+def previous_cells(readme_text: str) -> dict:
+    """(model, backend, precision) -> (mark, reason or None) of the table between a file's support-matrix
+    markers: the rows a matrix of some models only keeps for the others."""
+    if README_START not in readme_text or README_END not in readme_text:
+        return {}
+    section = readme_text.split(README_START, 1)[1].split(README_END, 1)[0]
+    notes = {m[1]: m[2] for m in re.finditer(r"^(\d+)\. (.*)$", section, re.MULTILINE)}
+    measured = re.search(r"^Measured on (.*)\.$", section, re.MULTILINE)
+    cells, precision, backends = {None: measured[1] if measured else "an earlier run"}, None, []
+    for line in section.splitlines():
+        if re.fullmatch(r"\*\*\w+\*\*", line.strip()):
+            precision = line.strip("* ")
+        elif line.startswith("| model |"):
+            backends = [c.strip() for c in line.strip("|").split("|")[1:]]
+        elif line.startswith("| ") and precision and not line.startswith("|---"):
+            model, *marks = [c.strip() for c in line.strip("|").split("|")]
+            for backend, mark in zip(backends, marks, strict=False):
+                note = re.search(r" \[(\d+)\]$", mark)
+                cells[(model, backend, precision)] = ((mark[:note.start()], notes.get(note[1])) if note
+                                                      else (mark, None))
+    return cells
+
+
+def render(out_dir: Path, models, backends, precisions, previous: dict | None = None) -> str:
+    """One Markdown table per precision (models x backends) with numbered reasons below. `previous` (from
+    `previous_cells`) fills the cells of models this folder has no records of: their earlier rows."""
+    cells, previous = _cells(out_dir), dict(previous or {})
+    earlier = previous.pop(None, "an earlier run")
+    kept = [m for m in dict.fromkeys(key[0] for key in previous) if m not in models]
     notes: dict[str, int] = {}
     parts = []
     for precision in precisions:
         lines = [f"**{precision}**", "", "| model | " + " | ".join(backends) + " |",
                  "|---|" + "---|" * len(backends)]
-        for model in models:
+        for model in [*models, *kept]:
             row = []
             for backend in backends:
                 r = cells.get((model, backend, precision))
+                if r is None and (model, backend, precision) in previous:
+                    mark, reason = previous[(model, backend, precision)]
+                    row.append(mark + (f" [{notes.setdefault(reason, len(notes) + 1)}]" if reason else ""))
+                    continue
                 if r is None:
                     row.append("-")
                     continue
@@ -91,6 +121,9 @@ def render(out_dir: Path, models, backends, precisions) -> str:
     machine = (f"Measured on {env.get('cpu_model', 'an unknown CPU')} "
                f"(ISA: {', '.join(i for i in env.get('isa', []) if i.startswith(('avx512', 'amx')) or i == 'avx2')}) with "
                + ", ".join(f"{k} {v}" for k, v in versions.items() if v) + ".\n\n") if env else ""
+    if kept:
+        machine += (f"The rows of {', '.join(kept)} are kept from the previous table (not run this time), measured "
+                    f"on {earlier}.\n\n")
     return machine + "\n\n".join(parts) + "\n\n" + legend + ("\n\n" + reasons if reasons else "") + "\n"
 
 

@@ -14,7 +14,7 @@ from .topology import read_topology
 ENV_PREFIXES = ("AIO_", "OMP_", "DNNL_", "ONEDNN_", "MKL_", "KMP_", "OPENBLAS_", "GOMP_")
 ENV_NAMES = ("LD_PRELOAD", "MALLOC_CONF", "GLIBC_TUNABLES", "THP_MEM_ALLOC_ENABLE", "LRU_CACHE_CAPACITY")
 ISA_PREFIXES = ("avx2", "avx512", "amx", "avx_vnni", "fma", "sve", "asimd", "bf16", "i8mm")
-PACKAGES = ("torch", "torchvision", "transformers", "numpy", "onnxruntime", "openvino")
+PACKAGES = ("torch", "torchvision", "transformers", "numpy", "onnxruntime", "openvino", "ultralytics")
 
 
 def _cpuinfo() -> tuple[str, list[str]]:

@@ -37,7 +37,7 @@ def score(dataset, spec, module, prepared, batch_size: int, shape: dict) -> Scor
         interrupts.check()
         inputs = prepared.feed(batch.inputs)
         drive = getattr(dataset, "drive", None)     # a generator's dataset steps the model itself
-        evaluation.add(batch, drive(prepared.fn, inputs) if drive else flatten(prepared.fn(*inputs)))
+        evaluation.add(batch, drive(prepared.fn, inputs) if drive else flatten(spec.postprocess(prepared.fn(*inputs))))
         samples += batch.count
     return Scored(evaluation.metrics(), evaluation.predictions(), samples, time.perf_counter() - start)
 
@@ -96,7 +96,7 @@ class SampleSource:
         chunk = [self.dataset.samples[i] for i in indices]
         padded = chunk + [chunk[-1]] * (self.batch_size - len(chunk))
         inputs = self.prepared.feed(self.dataset._inputs(self.spec, self.shape, self.module, padded))
-        outputs = flatten(self.prepared.fn(*inputs))
+        outputs = flatten(self.spec.postprocess(self.prepared.fn(*inputs)))
         if self.batch_size == 1:
             return [outputs]
         if not all(getattr(o, "shape", ())[:1] == (self.batch_size,) for o in outputs):

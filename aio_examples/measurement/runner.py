@@ -19,6 +19,7 @@ from ..machine.contention import CONTENDED_CORES
 from ..machine.environment import capture
 from ..machine.threads import ThreadChoice, apply_threads
 from ..models import ModelSpec, file_sha256, is_generator
+from ..models.base import folder_sha256
 from . import accuracy
 from .output_check import check_outputs
 from .scenarios import GenerationScenario, LatencyScenario, Scenario
@@ -115,7 +116,7 @@ def _classify(exc: BaseException) -> tuple[str, str]:
 
 def _weights_label(req: RunRequest) -> tuple[str, str | None]:
     if req.model_dir:
-        return "model-dir", str(Path(req.model_dir).resolve())
+        return "model-dir", f"{Path(req.model_dir).resolve()} (sha256 {folder_sha256(req.model_dir)[:16]})"
     if req.weights:
         return "file", f"{Path(req.weights).resolve()} (sha256 {file_sha256(req.weights)[:16]})"
     return ("user-module" if req.module is not None else req.spec.random_weights), None
@@ -346,6 +347,7 @@ def _check(cand: _Candidate, req: RunRequest, reference_output, weights: str) ->
     output = req.spec.checked_output(m.fn, m.first_output, reference_output)
     check = check_outputs(req.spec.task, reference_output, output, cand.precision,
                     judge_agreement=not weights.startswith("random"))
+    check.reference = getattr(req.module, "reference", check.reference)
     r.check = check.to_dict()
     if not check.passed:
         r.status, r.reason = "fail_accuracy", check.reason

@@ -8,13 +8,13 @@ from ..core.errors import UsageError
 
 # Tasks benchmarked as generation (a prompt prefilled, then tokens decoded one by one over a KV cache): the
 # generation scenario, weight-only int4, and no ONNX Runtime / OpenVINO / TorchScript (models/nlp.py, speech.py)
-GENERATION_TASKS = ("text-generation", "speech-recognition")
+GENERATION_TASKS = ("text-generation", "speech-recognition", "summarization")
 VISION_ACTIVATIONS = 8     # widest feature maps / input (a ResNet's first stage: 64 x 112^2 over 3 x 224^2 is 5.3)
 HIDDEN = 768               # the zoo's base-size transformers
 
 
 def is_generator(task: str) -> bool:
-    """Whether models of `task` generate tokens (GENERATION_TASKS): a text generator, Whisper."""
+    """Whether models of `task` generate tokens (GENERATION_TASKS): a text generator, BART, Whisper."""
     return task in GENERATION_TASKS
 
 
@@ -41,8 +41,8 @@ class ModelSpec:
                 continue
             if key not in shape:
                 flag = "--" + key.replace("_", "-")
-                raise UsageError(f"{flag} does not apply to {self.name} ({self.task}); "
-                                 f"accepted: {', '.join('--' + k.replace('_', '-') for k in shape)}")
+                accepted = ", ".join("--" + k.replace("_", "-") for k in shape) or "none (its shape is the batch size)"
+                raise UsageError(f"{flag} does not apply to {self.name} ({self.task}); accepted: {accepted}")
             if int(value) < 1:
                 raise UsageError(f"--{key.replace('_', '-')} {value} is invalid; accepted: a whole number >= 1")
             shape[key] = int(value)
@@ -103,8 +103,14 @@ class ModelSpec:
         return lambda: fn(*inputs)
 
     def checked_output(self, one_pass, output, reference):
-        """What the output check compares with eager fp32's: the first pass's output (a generator's adds the
-        logits of steps fed the reference's own tokens, see nlp.py)."""
+        """What the output check compares with eager fp32's: the first pass's output, post-processed (a
+        generator's adds the logits of steps fed the reference's own tokens, see nlp.py)."""
+        return self.postprocess(output)
+
+    def postprocess(self, output):
+        """What output checks and dataset scores read, from what one pass of a prepared model returns (any
+        backend's form): the same by default; a YOLO detector's NMS, which runs outside the backend and the timed
+        pass (yolo.py)."""
         return output
 
     def weight_bytes(self) -> int:
@@ -125,15 +131,57 @@ class ModelSpec:
         return batch_size * (seq * HIDDEN * 4 * 16 + 12 * seq * seq * 4) if seq else 0
 
     def input_shape(self, batch_size: int, shape: dict) -> dict:
-        """The input shape recorded in results, with any config override (part of the configuration key)."""
-        return {"batch_size": batch_size, **shape, **{f"config.{k}": v for k, v in self.config_overrides}}
+        """The input shape recorded in results, with any config override (part of the configuration key; a tuple
+        as the list it reads back as from JSON)."""
+        return {"batch_size": batch_size, **shape,
+                **{f"config.{k}": list(v) if isinstance(v, tuple) else v for k, v in self.config_overrides}}
+
+    config_name = ""        # the architecture's config, as messages name it ("": no config to override)
+
+    def config_dict(self) -> dict:
+        """The architecture's config with this entry's overrides, as a dict; ValueError or TypeError where the
+        library refuses them. Only for entries with a `config_name`."""
+        raise NotImplementedError
 
     def with_config(self, overrides: list[str] | None) -> "ModelSpec":
-        """This entry with `KEY=VALUE` overrides of its architecture's config, checked against it."""
+        """This entry with `KEY=VALUE` overrides of its architecture's config (a quick look at any shape:
+        `num_hidden_layers=2`): the key must be a field of the config, the value of its type (JSON literals: 2,
+        0.5, true, "text", [32, 64])."""
         if not overrides:
             return self
-        raise UsageError(f"--config-override does not apply to {self.name}; accepted: the transformers models "
-                         "(a config to override)")
+        if not self.config_name:
+            raise UsageError(f"--config-override does not apply to {self.name}; accepted: the transformers and "
+                             "diffusers models (a config to override)")
+        import dataclasses
+        import json
+
+        config, parsed = self.config_dict(), {}
+        for item in overrides:
+            key, eq, text = item.partition("=")
+            if not eq or not key:
+                raise UsageError(f"--config-override {item!r} is invalid; accepted: KEY=VALUE")
+            if key not in config:
+                raise UsageError(f"--config-override {item!r}: {self.config_name} has no {key!r}; accepted: one of "
+                                 f"its keys, e.g. {', '.join(sorted(k for k in config if 'layers' in k or 'size' in k)[:6])}")
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError:
+                value = text
+            default = config[key]
+            if isinstance(default, tuple) and isinstance(value, list):
+                value = tuple(value)        # a JSON array where the config holds a tuple (diffusers' block widths)
+            if default is not None and not (type(value) is type(default)
+                                            or (isinstance(default, float) and type(value) is int)):
+                raise UsageError(f"--config-override {item!r}: {key} takes a {type(default).__name__} "
+                                 f"(its default is {default!r}); accepted: KEY=VALUE of that type")
+            parsed[key] = value
+        spec = dataclasses.replace(self, config_overrides=tuple(sorted(parsed.items())))
+        try:
+            spec.config_dict()
+        except (ValueError, TypeError) as exc:
+            raise UsageError(f"--config-override {' '.join(overrides)}: {self.config_name} refuses it "
+                             f"({str(exc).splitlines()[0][:200]})") from None
+        return spec
 
 
 def load_state_dict_file(module, path: str) -> None:
@@ -159,9 +207,62 @@ def load_state_dict_file(module, path: str) -> None:
         raise UsageError(f"--weights {path!r} does not fit {type(module).__name__}: {first[0].strip()}") from None
 
 
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
+def file_sha256(path: str, digest=None) -> str:
+    digest = digest or hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def folder_sha256(path: str) -> str:
+    """sha256 over a model folder's files (names and bytes, in name order): config, weights, tokenizer."""
+    digest = hashlib.sha256()
+    for file in sorted(p for p in Path(path).iterdir() if p.is_file()):
+        digest.update(file.name.encode() + b"\0")
+        file_sha256(str(file), digest)
+    return digest.hexdigest()
+
+
+def unit_variance(module, inputs: tuple) -> None:
+    """Rescale every convolution, linear layer and embedding bag so its output on `inputs` has unit variance, in
+    one pass.
+
+    Default initialisations are made for training, where batch norm or the optimiser rescales each layer; in eval
+    mode nothing does. Through a deep stack of depthwise convolutions the signal vanishes (mobilenet_v2's logits:
+    std 1e-10, efficientnet_b0's 1e-15 here), below what fp16 and int8 represent; a DLRM's click logit barely
+    moves from its bias (std 0.03 with MLPerf's initialisation). Either way every reduced-precision output check
+    would judge the missing signal, not the precision. A zero-initialised layer (ViT's head) first gets random
+    weights. Deterministic: fixed inputs.
+    """
+    import torch
+    from torch import nn
+
+    gen = torch.Generator().manual_seed(0)
+    done = set()
+
+    def rescale(layer, args, out):
+        if layer in done or not torch.is_tensor(out):
+            return None
+        done.add(layer)
+        if not layer.weight.any():
+            fan_in = layer.weight[0].numel()
+            layer.weight.normal_(0.0, fan_in ** -0.5, generator=gen)
+            out = layer.forward(*args)           # forward, not __call__: no hook again
+        std = float(out.float().std())
+        if not 0 < std < float("inf"):
+            return None
+        layer.weight.div_(std)
+        if getattr(layer, "bias", None) is not None:
+            layer.bias.div_(std)
+        return out / std
+
+    hooks = [m.register_forward_hook(rescale) for m in module.modules()
+             if isinstance(m, (nn.Conv2d, nn.Linear, nn.EmbeddingBag)) and m.weight is not None
+             and m.weight.requires_grad]      # fixed weights (YOLO's DFL integral) are no initialisation
+    try:
+        with torch.no_grad():
+            module(*inputs)
+    finally:
+        for hook in hooks:
+            hook.remove()

@@ -1,5 +1,6 @@
-"""NLP models from transformers' architecture code: encoders and a causal LM for generation."""
+"""NLP models from transformers' architecture code: encoders, and a causal LM and an encoder-decoder for generation."""
 
+import functools
 import itertools
 import logging
 import time
@@ -64,7 +65,7 @@ class Encoder(ModelSpec):
         # A vocabulary made smaller by an override leaves the entry's special token ids outside it (Llama's
         # 128000): they go, unless the override set them too.
         for key in ("bos_token_id", "eos_token_id"):
-            if key not in dict(self.config_overrides) and kwargs.get(key, -1) >= kwargs.get("vocab_size", 1 << 62):
+            if key not in dict(self.config_overrides) and (kwargs.get(key) or -1) >= kwargs.get("vocab_size", 1 << 62):
                 kwargs[key] = None
         return getattr(load_transformers(), self.config_class)(**kwargs)
 
@@ -74,39 +75,12 @@ class Encoder(ModelSpec):
             model = getattr(load_transformers(), self.model_class)(self._config())
         return sum(p.numel() for p in model.parameters()) * 4
 
-    def with_config(self, overrides):
-        """`KEY=VALUE` overrides (a quick look at any shape: `num_hidden_layers=2`): the key must be a field of
-        the config, the value of its type (JSON literals: 2, 0.5, true, "text")."""
-        if not overrides:
-            return self
-        import dataclasses
-        import json
+    @property
+    def config_name(self):
+        return self.config_class
 
-        config, parsed = self._config().to_dict(), {}
-        for item in overrides:
-            key, eq, text = item.partition("=")
-            if not eq or not key:
-                raise UsageError(f"--config-override {item!r} is invalid; accepted: KEY=VALUE")
-            if key not in config:
-                raise UsageError(f"--config-override {item!r}: {self.config_class} has no {key!r}; accepted: one of "
-                                 f"its keys, e.g. {', '.join(sorted(k for k in config if 'layers' in k or 'size' in k)[:6])}")
-            try:
-                value = json.loads(text)
-            except json.JSONDecodeError:
-                value = text
-            default = config[key]
-            if default is not None and not (type(value) is type(default)
-                                            or (isinstance(default, float) and type(value) is int)):
-                raise UsageError(f"--config-override {item!r}: {key} takes a {type(default).__name__} "
-                                 f"(its default is {default!r}); accepted: KEY=VALUE of that type")
-            parsed[key] = value
-        spec = dataclasses.replace(self, config_overrides=tuple(sorted(parsed.items())))
-        try:
-            spec._config()
-        except (ValueError, TypeError) as exc:
-            raise UsageError(f"--config-override {' '.join(overrides)}: {self.config_class} refuses it "
-                             f"({str(exc).splitlines()[0][:200]})") from None
-        return spec
+    def config_dict(self):
+        return self._config().to_dict()
 
     def smoke_shape(self):
         return {"seq_len": 32}
@@ -383,3 +357,152 @@ class CausalLM(Encoder):
             getattr(config, "num_attention_heads", None) or config.n_head)
         kv = 2 * layers * batch_size * heads * head_dim * seq * 4
         return self.weight_bytes() + kv + batch_size * seq * config.vocab_size * 4
+
+
+def decoder_start(model) -> list[int]:
+    """An encoder-decoder's decoder prompt: its start token, then the BOS token its generation config forces first
+    where it does (BART's CNN/DailyMail summarizer: `</s><s>`), as `generate` would begin."""
+    generation = getattr(model, "generation_config", None)
+    start = getattr(generation, "decoder_start_token_id", None)
+    forced = getattr(generation, "forced_bos_token_id", None)
+    return [model.config.decoder_start_token_id if start is None else start] + ([] if forced is None else [forced])
+
+
+@functools.cache
+def _source_layer():
+    """A static cache layer as long as the encoder's output, which it takes from its first write (the prefill's
+    cross-attention): the source's length is the inputs', not the step's to know."""
+    load_transformers()
+    from transformers.cache_utils import StaticLayer
+
+    class SourceLayer(StaticLayer):
+        def __init__(self):
+            super().__init__(max_cache_len=0)
+
+        def lazy_initialization(self, key_states, value_states):
+            self.max_cache_len = key_states.shape[-2]
+            super().lazy_initialization(key_states, value_states)
+
+    return SourceLayer
+
+
+class Seq2SeqStep(nn.Module):
+    """An encoder-decoder (BART, Whisper) as a generation step over a static KV cache: what a backend prepares.
+
+    `forward(source, input_ids, past_key_values, cache_position)` returns the next-token logits. With a source (the
+    prefill: an article's token ids, Whisper's log-mel features) the encoder runs and the decoder's cross-attention
+    writes the keys and values of its output into the cache; without (a decode step, source None) it reads them
+    back. Without a cache it is one plain encoder-decoder call over the prompt. Inputs: (source, prompt ids).
+    """
+
+    def __init__(self, model: nn.Module, tokenizer=None, prompt_ids: list[int] | None = None):
+        super().__init__()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.prompt_ids = decoder_start(model) if prompt_ids is None else list(prompt_ids)
+
+    def new_cache(self, max_len: int):
+        """Static self-attention layers of `max_len` positions, and cross-attention layers of the encoder's output.
+        (Not StaticCache(config): an encoder-decoder's num_hidden_layers may count the encoder's layers.)"""
+        load_transformers()
+        from transformers.cache_utils import Cache, EncoderDecoderCache, StaticLayer
+
+        layers = range(self.model.config.decoder_layers)
+        return EncoderDecoderCache(Cache(layers=[StaticLayer(max_cache_len=max_len) for _ in layers]),
+                                   Cache(layers=[_source_layer()() for _ in layers]))
+
+    def forward(self, source, input_ids, past_key_values=None, cache_position=None):
+        decoder = self.model.get_decoder()
+        # activations in a layer norm's dtype: weight-only int8/int4 make the model bf16, not its inputs
+        dtype = decoder.layers[0].self_attn_layer_norm.weight.dtype
+        if source is not None:
+            encoded = self.model.get_encoder()(source.to(dtype) if source.is_floating_point() else source)[0]
+        else:
+            # A decode step: cross-attention reads the encoder's keys and values from the cache; the decoder runs
+            # it only when handed an encoder output, whose values it then does not read.
+            encoded = torch.zeros(input_ids.shape[0], 1, self.model.config.d_model, dtype=dtype)
+        hidden = decoder(input_ids=input_ids, encoder_hidden_states=encoded, cache=past_key_values,
+                         use_cache=past_key_values is not None)[0]     # positions: from what the cache holds
+        logits = self.model.get_output_embeddings()(hidden[:, -1])
+        bias = getattr(self.model, "final_logits_bias", None)          # BART's (zero unless trained with one)
+        return logits if bias is None else logits + bias[0]
+
+
+@dataclass(frozen=True)
+class Seq2Seq(CausalLM):
+    """An encoder-decoder benchmarked as generation (summarization): throughput in generated tokens per second.
+
+    One pass = the source (`seq_len` token ids: the article) encoded and the decoder prompt (`decoder_start`)
+    prefilled, both inside time to first token, then exactly `new_tokens` tokens decoded greedily over static
+    self- and cross-attention caches (the encoder's keys and values written once, in the prefill), end of
+    sequence ignored. Random weights by default; `--model-dir` loads a local folder of the model class (with its
+    tokenizer, whose text then fills the article).
+    """
+
+    PROMPT_MAX = 2          # the longest decoder prompt: start token and forced BOS
+
+    def smoke_shape(self):
+        return {"seq_len": 16, "new_tokens": 4}
+
+    def check_shape(self, shape):
+        limit = self._config().max_position_embeddings
+        if shape["seq_len"] > limit:
+            raise UsageError(f"--seq-len {shape['seq_len']} is too long for {self.name}; accepted: 1..{limit} "
+                             "(the encoder's positions)")
+        if shape["new_tokens"] > limit - self.PROMPT_MAX:
+            raise UsageError(f"--new-tokens {shape['new_tokens']} is invalid for {self.name}; accepted: "
+                             f"1..{limit - self.PROMPT_MAX} (the decoder's {limit} positions less the prompt)")
+
+    def _step(self, model, tokenizer=None) -> Seq2SeqStep:
+        return Seq2SeqStep(model, tokenizer)
+
+    def _build_module(self, shape):
+        return self._step(getattr(load_transformers(), self.model_class)(self._config()))
+
+    def _from_dir(self, path: Path):
+        loaded = Encoder._from_dir(self, path)         # the model and its tokenizer, or one line saying why not
+        return self._step(loaded.model, loaded.tokenizer)
+
+    @staticmethod
+    def prompt(module: Seq2SeqStep, batch_size: int) -> torch.Tensor:
+        return torch.tensor([module.prompt_ids]).repeat(batch_size, 1)
+
+    def example_inputs(self, batch_size, shape, module):
+        """The article: the tokenizer's ids of a repeated text cut to `seq_len`, or fixed random ids outside the
+        special tokens; and the decoder prompt."""
+        seq_len, tokenizer = shape["seq_len"], module.tokenizer
+        if tokenizer is not None:
+            text = CONTEXT * (seq_len // 16 + 1)          # a repetition of CONTEXT is > 16 tokens
+            ids = tokenizer(text, truncation=True, max_length=seq_len, return_tensors="pt")["input_ids"]
+            source = ids.repeat(batch_size, 1)
+        else:
+            source = self._random_ids(batch_size, seq_len, module, 1234)[0]
+        return source, self.prompt(module, batch_size)
+
+    def calibration_inputs(self, batch_size, shape, module, n):
+        return ModelSpec.calibration_inputs(self, batch_size, shape, module, n)
+
+    def decode_weights(self, step):
+        """A decoded token reads the decoder's weights and the output projection (tied to the token embeddings),
+        not the encoder's."""
+        return nn.ModuleList([step.model.get_decoder(), step.model.get_output_embeddings()])
+
+    def source_positions(self, shape) -> int:
+        """Positions of the encoder's output (the cross-attention cache's length)."""
+        return shape["seq_len"]
+
+    def source_bytes(self, shape) -> int:
+        """Bytes of one sample's source input."""
+        return shape["seq_len"] * 8
+
+    def memory_estimate(self, batch_size, shape):
+        """The built model's fp32 weights, the encoder's widest activations (the feed-forward, one layer's
+        attention scores), the static self- and cross-attention caches, the source and the logits."""
+        config = self._config()
+        positions, width = self.source_positions(shape), config.d_model
+        encoder = batch_size * (positions * (4 * width + config.encoder_ffn_dim)
+                                + config.encoder_attention_heads * positions * positions) * 4
+        steps = self.PROMPT_MAX + shape["new_tokens"]
+        caches = 2 * config.decoder_layers * batch_size * width * (steps + positions) * 4
+        return (self.weight_bytes() + encoder + caches + batch_size * self.source_bytes(shape)
+                + 2 * batch_size * config.vocab_size * 4)

@@ -4,7 +4,8 @@ One pass = the encoder over 30 s of audio as log-mel features (batch, 80, 3000),
 `<|startoftranscript|><|en|><|transcribe|><|notimestamps|>` prefilled, then exactly `--new-tokens` tokens
 decoded greedily over a static KV cache, end of text ignored (GreedyGeneration, models/nlp.py): the encoder runs
 inside the prefill, so time to first token includes it. The cross-attention keys and values of the encoder's
-output are computed once, in the prefill, into a static cache of their own that every decode step reads.
+output are computed once, in the prefill, into a static cache of their own that every decode step reads (the
+encoder-decoder step and spec every such model shares: Seq2SeqStep, Seq2Seq in models/nlp.py).
 """
 
 import math
@@ -15,8 +16,7 @@ import torch
 from torch import nn
 
 from ..core.errors import UsageError
-from .base import ModelSpec
-from .nlp import CausalLM, Encoder, load_transformers
+from .nlp import Encoder, Seq2Seq, Seq2SeqStep, load_transformers
 
 PROMPT_TOKENS = ("<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>")
 # Their ids in the multilingual Whisper vocabulary (openai/whisper-tiny's and -base's generation config): the
@@ -51,62 +51,30 @@ def decoder_prompt(model, tokenizer=None) -> list[int]:
     return ids
 
 
-class WhisperStep(nn.Module):
-    """Whisper as a generation step over a static KV cache: what a backend prepares.
-
-    `forward(input_features, input_ids, past_key_values, cache_position)` returns the next-token logits. With
-    features (the prefill) the encoder runs and the decoder's cross-attention writes the keys and values of its
-    output into the cache; without (a decode step, features None) it reads them back. Without a cache it is one
-    plain encoder-decoder call over the prompt. Inputs: (features, prompt ids), the prompt last.
-    """
+class WhisperStep(Seq2SeqStep):
+    """Whisper as a generation step over a static KV cache (Seq2SeqStep): the source is the log-mel features, the
+    prompt the start-of-transcript tokens."""
 
     def __init__(self, model: nn.Module, tokenizer=None, feature_extractor=None):
-        super().__init__()
-        self.model = model
-        self.tokenizer = tokenizer
+        super().__init__(model, tokenizer, decoder_prompt(model, tokenizer))
         self.feature_extractor = feature_extractor
-        self.prompt_ids = decoder_prompt(model, tokenizer)
 
     @property
     def frames(self) -> int:
         """Log-mel frames the encoder takes (3000: 30 s), two per encoder position (its stride-2 convolution)."""
         return 2 * self.model.config.max_source_positions
 
-    def new_cache(self, max_len: int):
-        """Static self-attention layers of `max_len` positions, and cross-attention layers of the encoder's
-        length. (Not StaticCache(config): WhisperConfig's num_hidden_layers counts the encoder's layers.)"""
-        load_transformers()
-        from transformers.cache_utils import Cache, EncoderDecoderCache, StaticLayer
-
-        config = self.model.config
-        layers = lambda length: Cache(layers=[StaticLayer(max_cache_len=length) for _ in range(config.decoder_layers)])
-        return EncoderDecoderCache(layers(max_len), layers(config.max_source_positions))
-
-    def forward(self, input_features, input_ids, past_key_values=None, cache_position=None):
-        whisper = self.model.model
-        if input_features is not None:
-            # in the weights' dtype: weight-only int8/int4 make the model bf16, not its inputs
-            features = input_features.to(whisper.encoder.conv1.weight.dtype)
-            encoded = whisper.encoder(features).last_hidden_state
-        else:
-            # A decode step: cross-attention reads the encoder's keys and values from the cache; the decoder runs
-            # it only when handed an encoder output, whose values it then does not read.
-            encoded = torch.zeros(input_ids.shape[0], 1, self.model.config.d_model,
-                                  dtype=whisper.decoder.layer_norm.weight.dtype)
-        positions = None if cache_position is None else cache_position[None].expand(input_ids.shape[0], -1)
-        hidden = whisper.decoder(input_ids=input_ids, encoder_hidden_states=encoded, cache=past_key_values,
-                                 position_ids=positions, use_cache=past_key_values is not None).last_hidden_state
-        return self.model.proj_out(hidden[:, -1])
-
 
 @dataclass(frozen=True)
-class Whisper(CausalLM):
+class Whisper(Seq2Seq):
     """Whisper benchmarked as speech-to-text generation: throughput in generated tokens per second.
 
     Its shape is `new_tokens` alone: the audio is always the 30 s window the encoder takes, the prompt the
     4 start-of-transcript tokens (2 for an English-only folder). Random weights by default; `--model-dir` loads a
     local Whisper folder (WhisperForConditionalGeneration, with its tokenizer and feature extractor if there).
     """
+
+    PROMPT_MAX = len(PROMPT_IDS)
 
     @property
     def family(self) -> str:
@@ -121,8 +89,8 @@ class Whisper(CausalLM):
             raise UsageError(f"--new-tokens {shape['new_tokens']} is invalid for {self.name}; accepted: 1..{limit} "
                              f"(the decoder's {limit + len(PROMPT_IDS)} positions less the prompt)")
 
-    def _build_module(self, shape):
-        return WhisperStep(getattr(load_transformers(), self.model_class)(self._config()))
+    def _step(self, model, tokenizer=None):
+        return WhisperStep(model, tokenizer)
 
     def _from_dir(self, path: Path):
         loaded = Encoder._from_dir(self, path)         # the model and its tokenizer, or one line saying why not
@@ -135,19 +103,12 @@ class Whisper(CausalLM):
                                  f"extractor's ({str(exc).splitlines()[0][:160]}); accepted: a Whisper folder") from None
         return WhisperStep(loaded.model, loaded.tokenizer, extractor)
 
-    @staticmethod
-    def prompt(module: WhisperStep, batch_size: int) -> torch.Tensor:
-        return torch.tensor([module.prompt_ids]).repeat(batch_size, 1)
-
     def example_inputs(self, batch_size, shape, module):
         """Fixed pseudo-random features in the range of Whisper's normalised log-mel (-1.5..1.5), and the prompt."""
         gen = torch.Generator().manual_seed(1234)
         mels = module.model.config.num_mel_bins
         features = torch.rand((batch_size, mels, module.frames), generator=gen) * 2 - 1
         return features, self.prompt(module, batch_size)
-
-    def calibration_inputs(self, batch_size, shape, module, n):
-        return ModelSpec.calibration_inputs(self, batch_size, shape, module, n)
 
     def audio_inputs(self, module: WhisperStep, waveforms: list) -> tuple:
         """Model inputs of 16 kHz mono waveforms (float arrays): WhisperFeatureExtractor's log-mel features (the
@@ -161,19 +122,10 @@ class Whisper(CausalLM):
         features = extractor(waveforms, sampling_rate=SAMPLING_RATE, return_tensors="pt")["input_features"]
         return features[..., :frames].float(), self.prompt(module, len(waveforms))
 
-    def decode_weights(self, step):
-        """A decoded token reads the decoder's weights and the output projection (tied to the token embeddings),
-        not the encoder's."""
-        return nn.ModuleList([step.model.model.decoder, step.model.proj_out])
+    def source_positions(self, shape):
+        return self._config().max_source_positions
 
-    def memory_estimate(self, batch_size, shape):
-        """The built model's fp32 weights, the encoder's widest activations (the feed-forward, one layer's
-        attention scores), the static self- and cross-attention caches, the features and the logits."""
+    def source_bytes(self, shape):
+        """The log-mel features: two frames per encoder position."""
         config = self._config()
-        positions, width = config.max_source_positions, config.d_model
-        encoder = batch_size * (positions * (4 * width + config.encoder_ffn_dim)
-                                + config.encoder_attention_heads * positions * positions) * 4
-        steps = len(PROMPT_IDS) + shape["new_tokens"]
-        caches = 2 * config.decoder_layers * batch_size * width * (steps + positions) * 4
-        features = batch_size * config.num_mel_bins * 2 * positions * 4
-        return self.weight_bytes() + encoder + caches + features + 2 * batch_size * config.vocab_size * 4
+        return config.num_mel_bins * 2 * config.max_source_positions * 4

@@ -8,51 +8,13 @@ from torch import nn
 
 from ..compat.torchvision_shim import ensure_torchvision
 from ..core.errors import UsageError
-from .base import ModelSpec
+from .base import ModelSpec, unit_variance
 
 
 def _images(batch_size: int, size: int, seed: int = 1234) -> torch.Tensor:
     """Fixed pseudo-random images in [0, 1): the same in every process."""
     gen = torch.Generator().manual_seed(seed)
     return torch.rand(batch_size, 3, size, size, generator=gen)
-
-
-def unit_variance(module: nn.Module, images: torch.Tensor) -> None:
-    """Rescale every convolution and linear layer so its output on `images` has unit variance, in one pass.
-
-    torchvision's default initialisation is made for training, where batch norm rescales each layer; in eval
-    mode with fresh running statistics nothing does, and through a deep stack of depthwise convolutions the
-    signal vanishes (mobilenet_v2's logits: std 1e-10, efficientnet_b0's 1e-15 here), below what fp16 and int8
-    represent, so every reduced-precision output check would judge the vanishing signal, not the precision.
-    A zero-initialised layer (ViT's head) first gets random weights. Deterministic: a fixed batch of images.
-    """
-    gen = torch.Generator().manual_seed(0)
-    done = set()
-
-    def rescale(layer, args, out):
-        if layer in done or not torch.is_tensor(out):
-            return None
-        done.add(layer)
-        if not layer.weight.any():
-            fan_in = layer.weight[0].numel()
-            layer.weight.normal_(0.0, fan_in ** -0.5, generator=gen)
-            out = layer.forward(*args)           # forward, not __call__: no hook again
-        std = float(out.float().std())
-        if not 0 < std < float("inf"):
-            return None
-        layer.weight.div_(std)
-        if layer.bias is not None:
-            layer.bias.div_(std)
-        return out / std
-
-    hooks = [m.register_forward_hook(rescale) for m in module.modules()
-             if isinstance(m, (nn.Conv2d, nn.Linear)) and m.weight is not None]
-    try:
-        with torch.no_grad():
-            module(images)
-    finally:
-        for hook in hooks:
-            hook.remove()
 
 
 @dataclass(frozen=True)
@@ -82,7 +44,7 @@ class Classifier(ModelSpec):
     random_weights = "random-unit-variance"
 
     def _initialise(self, module, shape):
-        unit_variance(module, _images(2, shape["input_size"], seed=7))
+        unit_variance(module, (_images(2, shape["input_size"], seed=7),))
 
     def example_inputs(self, batch_size, shape, module):
         return (_images(batch_size, shape["input_size"]),)

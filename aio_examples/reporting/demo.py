@@ -1,4 +1,5 @@
-"""What the example notebooks show: a made-up picture, its labels, boxes and answers. Nothing is downloaded.
+"""What the example notebooks show: a made-up picture, its labels, boxes and answers, the results split into
+what ran and what could not, and where the time goes. Nothing is downloaded.
 
 The zoo's weights are random unless a weights file or model folder is given, so predictions are then
 arbitrary; every function here says which case it is in (`weights`), and the notebooks say it plainly.
@@ -7,7 +8,11 @@ arbitrary; every function here says which case it is in (`weights`), and the not
 import torch
 
 from ..compat.torchvision_shim import ensure_torchvision
+from ..measurement.profile import NAMES
 from ..models import get_model
+from .plots import draw_profile_categories
+
+NOT_RUN_COLUMNS = ["model", "backend", "precision", "status", "reason"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -59,7 +64,7 @@ def detect(model: str, image: torch.Tensor, weights: str | None = None, top: int
     """The `top` highest-scoring boxes of a zoo detector on `image`, with COCO names."""
     module, kind = _build(model, weights, image.shape[-1])
     with torch.no_grad():
-        out = module(image[None])[0]
+        out = get_model(model).postprocess(module(image[None]))[0]     # YOLO's NMS runs after its network
     names = coco_categories()
     order = out["scores"].argsort(descending=True)[:top]
     return {"weights": kind, "boxes": [(out["boxes"][i].tolist(), names[int(out["labels"][i]) % len(names)],
@@ -77,13 +82,40 @@ def draw_boxes(ax, image: torch.Tensor, boxes) -> None:
     ax.axis("off")
 
 
-def answer(question: str, context: str, model: str = "bert_base", model_dir: str | None = None) -> dict:
-    """Extractive question answering: the span of `context` a zoo QA model picks.
+def split_results(results):
+    """`benchmark` results split into (those that ran ok, for the tables and charts; a DataFrame of the others
+    with their status and reason), so a configuration a backend cannot run is listed, not silently left out."""
+    import pandas as pd
+
+    ok = [r for r in results if r.status == "ok"]
+    not_run = pd.DataFrame([{"model": r.model, "backend": r.backend, "precision": r.precision, "status": r.status,
+                             "reason": r.reason or ""} for r in results if r.status != "ok"], columns=NOT_RUN_COLUMNS)
+    return ok, not_run
+
+
+def profile_figure(results, title: str):
+    """The op-category bars of the report's "Where the time goes" for the results profiled ok
+    (`benchmark(..., profile=True)`): one bar per backend, aio's named with the strategy it chose."""
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in results if r.status == "ok" and (r.metrics or {}).get("profile")]
+    labels = [r.backend if r.strategy in (None, r.backend) else f"{r.backend} ({r.strategy})" for r in rows]
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.45 * len(rows)))
+    draw_profile_categories(ax, labels, [r.metrics["profile"]["categories_share"] for r in rows], NAMES)
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def answer(question: str, context: str, model: str = "bert_base", model_dir: str | None = None,
+           config: list[str] | None = None) -> dict:
+    """Extractive question answering: the span of `context` a zoo QA model picks (`config`: its architecture's
+    overrides, as `benchmark(config=...)`).
 
     With a local Hugging Face folder its tokenizer is used; without one the words are mapped to ids
     by a fixed hash (no vocabulary can be downloaded) and the random-weight model's span is arbitrary.
     """
-    spec = get_model(model)
+    spec = get_model(model).with_config(config)
     module = spec.build(model_dir=model_dir, shape=spec.shape(seq_len=128)).eval()
     words = context.split()
     tokenizer = getattr(module, "tokenizer", None)

@@ -175,6 +175,12 @@ def plot_decode_lines(rows, x: str, series: list[str], title: str, path: Path) -
 def plot_profile_categories(labels: list[str], shares: list[dict], names: list[str], path: Path) -> Path:
     """Stacked bars: each profiled configuration's time by op category (shares of its profiled time)."""
     fig, ax = figure(8.0, 1.2 + 0.45 * len(labels))
+    draw_profile_categories(ax, labels, shares, names)
+    return save(fig, path)
+
+
+def draw_profile_categories(ax, labels: list[str], shares: list[dict], names: list[str]) -> None:
+    """The bars of `plot_profile_categories` on a given axis (the notebooks draw them inline)."""
     left = np.zeros(len(labels))
     for name in names:
         values = np.array([100 * s.get(name, 0.0) for s in shares])
@@ -186,7 +192,6 @@ def plot_profile_categories(labels: list[str], shares: list[dict], names: list[s
     ax.set_xlabel("share of profiled time (%)")
     ax.set_title("where the time goes, by op category")
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
-    return save(fig, path)
 
 
 def plot_knee(rows, title: str, path: Path) -> Path:

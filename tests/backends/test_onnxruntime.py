@@ -43,6 +43,18 @@ class TinyMLP(nn.Module):
         return self.b(hidden), hidden.sum(-1)
 
 
+class TinyBags(nn.Module):
+    """A summing EmbeddingBag, which the exporter writes as a Loop over bags whose body reads top-level
+    initializers, and a Linear for dynamic int8 to quantize."""
+
+    def __init__(self):
+        super().__init__()
+        self.bag, self.linear = nn.EmbeddingBag(50, 16, mode="sum"), nn.Linear(16, 4)
+
+    def forward(self, indices, offsets):
+        return self.linear(self.bag(indices, offsets))
+
+
 class DataDependent(nn.Module):
     """A branch on a tensor's value: torch.export refuses it, tracing takes the branch the example takes."""
 
@@ -180,6 +192,15 @@ def test_int8_dynamic_for_a_linear_model_quantizes_every_linear():
     assert np.abs(out - ref).max() < 0.1 * np.abs(ref).max()
     again = _prepare(model, inputs, "int8", "mlp")
     assert again.info["quantization"]["cached"] and again.info["cached"]
+
+
+def test_int8_dynamic_keeps_the_initializers_only_a_loop_body_reads():
+    model, inputs = _model(TinyBags), (torch.randint(50, (12,)), torch.tensor([0, 3, 6, 9]))
+    prepared = _prepare(model, inputs, "int8", "bags")
+    assert prepared.precision_mode == "int8-dynamic" and prepared.info["heavy_kernels"]["in_int8"] == 1
+    with torch.no_grad():
+        ref = model(*inputs).numpy()
+    assert np.abs(prepared.fn(*prepared.inputs)[0] - ref).max() < 0.1 * np.abs(ref).max()
 
 
 def test_int8_static_qdq_for_a_conv_net_is_calibrated_and_cached_by_its_calibration_data():

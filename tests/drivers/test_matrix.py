@@ -53,3 +53,24 @@ def test_readme_section_is_replaced_between_markers(tmp_path):
 def test_matrix_rejects_an_unknown_backend():
     r = run_cli(["-m", "aio_examples", "matrix", "--backends", "tensorrt", "--render-only"])
     assert r.returncode == 2 and "tensorrt" in r.stderr and "accepted" in r.stderr
+
+
+def test_a_matrix_of_some_models_keeps_the_other_rows_and_their_reasons(tmp_path):
+    """Rendering new models' records against a file's table keeps the rows of models not run, with each reason
+    renumbered beside the new ones."""
+    from aio_examples.core.records import Result
+    from aio_examples.drivers.matrix import previous_cells, render
+
+    old = (f"{README_START}\n\nMeasured on Old CPU (ISA: avx2) with torch 1.\n\n**fp32**\n\n| model | eager | onnxruntime |\n"
+           "|---|---|---|\n| gpt2 | ok | n/a [1] |\n| bert_base | ok | ok |\n\n1. no graph for a KV cache\n"
+           f"\n{README_END}\n")
+    out = tmp_path / "mx"
+    out.mkdir()
+    new = Result(model="dlrm", task="recommendation", backend="onnxruntime", precision="fp32", status="unsupported",
+                 reason="a reason of its own", batch_size=1, threads=1, input_shape={})
+    (out / "results.jsonl").write_text(new.to_json() + "\n")
+    table = render(out, ["dlrm"], ["eager", "onnxruntime"], ["fp32"], previous_cells(old))
+    assert "| dlrm | - | n/a [1] |" in table
+    assert "| gpt2 | ok | n/a [2] |" in table and "| bert_base | ok | ok |" in table
+    assert "1. a reason of its own" in table and "2. no graph for a KV cache" in table
+    assert "kept from the previous table (not run this time), measured on Old CPU (ISA: avx2) with torch 1" in table

@@ -1,0 +1,5 @@
+"""Benchmark bart_base (summarization). Try: python3 run.py --help"""
+
+from aio_examples.cli import run_model
+
+raise SystemExit(run_model("bart_base"))
