@@ -74,7 +74,8 @@ class AioBackend(Backend):
         env = capture({})
         key = {"inputs": describe_inputs(example_inputs), "precision": precision, "threads": threads,
                "cpu": f"{env.get('cpu_model')}|{platform.machine()}|{','.join(env.get('isa') or [])}",
-               "versions": env["versions"], "strategies": list(strategies_for(model, self.engines))}
+               "versions": env["versions"], "strategies": list(strategies_for(model, self.engines)),
+               "output_checked": ctx.check is not None}      # decisions taken without the check are not reused
         decision_file = _decision_file(ctx.model_name, key)
         cached = _load_decision(decision_file)
         if cached and cached["strategy"] in strategies_for(model, self.engines):
@@ -95,9 +96,15 @@ class AioBackend(Backend):
         untuned, and nothing is cached."""
         import torch
 
-        prepared, refused = {}, {}
+        from .int8 import is_generation_step
+
+        prepared, refused, wrong = {}, {}, {}
         strategies = strategies_for(model, self.engines)
         weights = held_bytes(model)
+        expected = None           # eager fp32's output, before any strategy changes the model it is handed
+        if ctx.check is not None and not is_generation_step(model):
+            with torch.no_grad():
+                expected = model(*example_inputs)
         for strategy in strategies:
             if prepared and ctx.time_passes is None:
                 break
@@ -115,15 +122,23 @@ class AioBackend(Backend):
                 own = model if last else (engine.working_copy(model, precision) if engine else copy.deepcopy(model))
                 p = self._prepare_strategy(strategy, own, example_inputs, precision, threads, ctx)
                 one_pass = ctx.make_pass(p) if ctx.make_pass else (lambda p=p: p.fn(*p.inputs))
-                if p.compiles_on_first_call:
+                if p.compiles_on_first_call or expected is not None:
                     with torch.no_grad():
-                        one_pass()
+                        output = one_pass()
+                failed = ctx.check(expected, output, precision) if expected is not None else None
+                if failed:                    # fast but wrong: chosen only when every strategy is
+                    refused[strategy] = f"outputs fail the output check: {failed}"
+                    wrong[strategy] = (p, one_pass)
+                    continue
                 prepared[strategy] = (p, one_pass)
             except UsageError:
                 raise
             except Exception as exc:  # noqa: BLE001  (a strategy that cannot take the model is simply not chosen)
                 refused[strategy] = short_error(exc)
                 logger.debug("aio strategy %s refused", strategy, exc_info=True)
+        all_wrong = not prepared and bool(wrong)
+        if all_wrong:                 # its record then fails the check, as the strategy's own backend would
+            prepared = wrong
         if not prepared:
             raise UnsupportedError("no aio strategy runs this model at " + precision + ": "
                                    + "; ".join(f"{k}: {v}" for k, v in refused.items()))
@@ -133,6 +148,8 @@ class AioBackend(Backend):
             logger.warning("aio: no timing function handed in (PrepareContext.time_passes): running %s untuned", best)
         else:
             best, tuning = _choose(prepared, refused, ctx.time_passes, decision_file)
+        if all_wrong:
+            tuning["output_check"] = "every strategy that ran failed the output check: the fastest was kept"
         chosen = prepared[best][0]
         chosen.info.update({"strategy": best, "tuning": tuning})
         chosen.compiles_on_first_call = False     # already compiled above

@@ -157,7 +157,8 @@ def _run(req: RunRequest, out_dir: Path | None, run_id: str | None, reference: b
         batch_size=req.batch_size, weights_id=weights_digest(module),
         calibration=(lambda n: [inputs] * n) if req.module is not None
         else lambda n: req.dataset.calibration_inputs(req.spec, req.batch_size, req.shape, module, n),
-        time_passes=time_passes, make_pass=lambda prepared: req.spec.make_pass(prepared, req.shape))
+        time_passes=time_passes, make_pass=lambda prepared: req.spec.make_pass(prepared, req.shape),
+        check=lambda expected, output, precision: _strategy_check(req, expected, output, precision))
     configs = [(b, p) for p in req.precisions for b in req.backends]
     if reference and ("eager", "fp32") not in configs:
         configs.insert(0, ("eager", "fp32"))
@@ -351,6 +352,15 @@ def _check(cand: _Candidate, req: RunRequest, reference_output, weights: str) ->
     r.check = check.to_dict()
     if not check.passed:
         r.status, r.reason = "fail_accuracy", check.reason
+
+
+def _strategy_check(req: RunRequest, expected, output, precision: str) -> str | None:
+    """Why one pass's `output` fails the check its record would get against eager fp32's `expected` (None: it
+    passes); for aio's tuning, which keeps no strategy with wrong outputs."""
+    judged = bool(req.model_dir or req.weights or req.module is not None)      # not random weights
+    check = check_outputs(req.spec.task, req.spec.postprocess(expected), req.spec.postprocess(output), precision,
+                          judge_agreement=judged)
+    return None if check.passed else check.reason
 
 
 def _reference_accuracy(req: RunRequest, module, inputs) -> accuracy.Scored | None:

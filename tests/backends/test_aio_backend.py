@@ -102,3 +102,26 @@ def test_the_compiled_strategy_keeps_the_modules_other_methods():
         assert prepared.fn(*prepared.inputs).shape == (4, 32)
     assert prepared.fn.new_cache(3).shape == (3,)
     assert prepared.info["passes"]["merge_linear"]["linears_merged"] == 3    # checked after the first call
+
+
+def test_tuning_keeps_no_strategy_whose_outputs_fail_the_check(monkeypatch):
+    """A strategy whose outputs fail the check is refused with the check's reason; when every one fails, the
+    fastest is kept and the decision says so (its record then fails the check itself)."""
+    from aio_examples.backends import BACKENDS, PrepareContext
+    from aio_examples.measurement.timing import time_passes
+
+    monkeypatch.setattr(aio, "BUSY_LIMIT_CORES", float("inf"))
+    torch.manual_seed(3)
+    inputs = (torch.randn(2, 32),)
+
+    def tuned(check, name):
+        ctx = PrepareContext(model_name=name, task="custom", family="nlp", shape={}, batch_size=2, weights_id=name,
+                             time_passes=time_passes, check=check)
+        return BACKENDS["aio"].prepare(Mlp().eval(), inputs, "fp32", 1, ctx).info
+
+    # the compiled strategy's output is a torch tensor, the runtimes' are numpy arrays: refuse the first
+    info = tuned(lambda expected, out, precision: "wrong" if isinstance(out, torch.Tensor) else None, "checked-one")
+    assert info["strategy"] in ("onnxruntime", "openvino")
+    assert info["tuning"]["refused"]["compiled"] == "outputs fail the output check: wrong"
+    info = tuned(lambda expected, out, precision: "wrong", "checked-all")
+    assert info["strategy"] in info["tuning"]["medians_ms"] and "every strategy" in info["tuning"]["output_check"]
