@@ -230,7 +230,7 @@ def _int8_scheme(model, example_inputs, ctx) -> tuple[dict, list]:
     # behind Quantize/Dequantize pairs.
     return {"scheme": "int8-static-qdq", "format": "QDQ", "per_channel": True, "weights": "QInt8",
             "activations": "QUInt8", "reduce_range": reduce_range, "calibration": "MinMax",
-            "calibration_samples": len(samples)}, samples
+            "calibration_samples": len(samples), "tail": "fp32 after the last Conv/MatMul/Gemm"}, samples
 
 
 def quantize(fp32_path: Path, model, example_inputs, ctx) -> tuple[Path, dict]:
@@ -281,9 +281,11 @@ def quantize(fp32_path: Path, model, example_inputs, ctx) -> tuple[Path, dict]:
             source = fp32_path
             settings["pre_process"] = f"skipped: {short_error(exc, 200)}"
         if samples:
+            tail = _tail_nodes(source)
+            settings["tail_nodes_fp32"] = len(tail)
             quantize_static(str(source), str(scratch / name), Reader(), quant_format=QuantFormat.QDQ,
                             per_channel=True, weight_type=QuantType.QInt8, activation_type=QuantType.QUInt8,
-                            reduce_range=settings["reduce_range"])
+                            reduce_range=settings["reduce_range"], nodes_to_exclude=tail)
         else:
             quantize_dynamic(str(_gemm_as_matmul(source, scratch / "matmul.onnx")), str(scratch / name),
                              weight_type=QuantType.QInt8, op_types_to_quantize=settings["op_types"],
@@ -294,6 +296,25 @@ def quantize(fp32_path: Path, model, example_inputs, ctx) -> tuple[Path, dict]:
         settings["sha256"] = digests(scratch, sorted(f.name for f in scratch.iterdir()))
         (scratch / meta_path.name).write_text(json.dumps(settings, indent=1))
     return path, {**settings, "cached": False}
+
+
+def _tail_nodes(path: Path) -> list[str]:
+    """Nodes no Conv/MatMul/Gemm follows: the post-processing at a graph's end. One uint8 scale for a tensor
+    joining values of different ranges there (YOLO's last Concat: boxes in pixels beside scores in [0, 1]) rounds
+    the small ones to zero, and nothing after it gains speed from int8."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    heavy = {"Conv", "MatMul", "Gemm"}
+    readers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    leads: dict[int, bool] = {}            # node -> whether a heavy node reads (transitively) what it makes
+    for node in reversed(graph.node):      # ONNX lists nodes in topological order
+        leads[id(node)] = any(reader.op_type in heavy or leads.get(id(reader), False)
+                              for out in node.output for reader in readers.get(out, []))
+    return [n.name for n in graph.node if n.op_type not in heavy and not leads[id(n)] and n.name]
 
 
 def _gemm_as_matmul(src: Path, dst: Path) -> Path:

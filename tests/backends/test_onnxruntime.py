@@ -258,3 +258,26 @@ def test_generation_is_unsupported_with_the_reason():
                           weights_id="-")
     with pytest.raises(UnsupportedError, match="KV cache"):
         backend.prepare(nn.Linear(2, 2), (torch.ones(1, 2),), "fp32", 1, step)
+
+
+def test_static_int8_leaves_the_post_processing_after_the_last_conv_in_fp32(tmp_path):
+    """A YOLO-like tail (boxes in pixels concatenated with scores in [0, 1]) would share one uint8 scale and
+    round every score to zero: the nodes no Conv/MatMul/Gemm follows are left out of quantization."""
+    from aio_examples.backends.onnxruntime import _tail_nodes
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Conv2d(3, 8, 3), torch.nn.Conv2d(8, 8, 1)
+
+        def forward(self, x):
+            y = self.b(torch.relu(self.a(x)))
+            return torch.cat([y * 640.0, torch.sigmoid(y)], 1)
+
+    torch.onnx.export(Head().eval(), (torch.randn(1, 3, 16, 16),), tmp_path / "head.onnx", dynamo=False,
+                      opset_version=17)
+    import onnx
+
+    nodes = {n.name: n.op_type for n in onnx.load(str(tmp_path / "head.onnx")).graph.node}
+    tail = {nodes[name] for name in _tail_nodes(tmp_path / "head.onnx")}
+    assert tail - {"Constant"} == {"Mul", "Sigmoid", "Concat"}     # not the convolutions, nor the Relu between them
