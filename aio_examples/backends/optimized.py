@@ -111,6 +111,10 @@ class AioBackend(Backend):
             last, engine = strategy == strategies[-1], self.engines.get(strategy)
             if isinstance(engine, EngineBackend):         # an LLM engine reads the model into its own format
                 need = engine.memory_estimate(2 * weights, precision, True)
+            elif engine is not None and strategy in STRATEGIES:
+                # a runtime: its own copy to export or convert (not the last), the exported graph while it is
+                # written, and what its session holds (the Stable Diffusion UNet's 3.4 GB: about 14 GB at once)
+                need = weights * ((not last) + 1 + engine.copies_held)
             else:       # its own copy (not the last, see below), and what compiling makes of it (not eager)
                 need = weights * ((strategy != "eager") + (not last))
             short = _memory_short(need)
