@@ -21,9 +21,11 @@ FROM docker.io/library/python:3.11-slim-bookworm
 # are needed at run time: inductor (the inductor backend and aio's compiled strategy) builds C++ kernels
 # with g++ against Python's headers, and on amd64, where PyPI's torchvision is a CUDA build,
 # aio_examples/compat compiles CPU stand-ins with gcc after reading its symbols with nm (binutils).
+# OpenCV, which Ultralytics' YOLO imports, loads libGL and GLib.
 RUN set -eu; \
     apt-get update; \
-    apt-get install -y --no-install-recommends numactl libgoogle-perftools4 libjemalloc2 g++ binutils; \
+    apt-get install -y --no-install-recommends numactl libgoogle-perftools4 libjemalloc2 g++ binutils \
+        libgl1 libglib2.0-0; \
     apt-get clean; \
     rm -rf /var/lib/apt/lists/*; \
     useradd --create-home --uid 1000 --shell /bin/bash aio; \

@@ -10,7 +10,7 @@ PY=${PYTHON:-python3}
 # System packages: a C compiler and binutils adapt torchvision's CUDA wheel to CPU torch
 # (aio_examples/compat); g++ builds inductor's C++ kernels (the inductor backend and aio's compiled
 # strategy); numactl binds sweep points to cores; tcmalloc and jemalloc are the
-# allocator sweep axis (optional).
+# allocator sweep axis (optional); OpenCV (Ultralytics' YOLO imports it) loads libGL and GLib.
 missing=()
 command -v cc >/dev/null || missing+=(gcc)
 command -v g++ >/dev/null || missing+=(g++)
@@ -18,6 +18,8 @@ command -v nm >/dev/null || missing+=(binutils)
 command -v numactl >/dev/null || missing+=(numactl)
 ls /usr/lib/*/libtcmalloc.so.4 >/dev/null 2>&1 || missing+=(libgoogle-perftools4)
 ls /usr/lib/*/libjemalloc.so.2 >/dev/null 2>&1 || missing+=(libjemalloc2)
+ls /usr/lib/*/libGL.so.1 >/dev/null 2>&1 || missing+=(libgl1)
+ls /usr/lib/*/libglib-2.0.so.0 >/dev/null 2>&1 || missing+=(libglib2.0-0)
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null

@@ -40,19 +40,24 @@ def run_matrix(models, backends, precisions, out_dir: Path, threads: int | None,
             base = run_argv(model, spec.smoke_shape(), backend=backend, num_runs=num_runs, timeout=10,
                             output=out_dir, threads=threads or None)
             outcome = run_isolated([*base, "-p", ",".join(todo)], point_timeout_s * len(todo))
-            if not outcome.crashed:
+            # A process that crashed, or refused the precisions together (a big model's copies not fitting in
+            # memory at once) without a record of them: one precision at a time, and a cell that still has no
+            # record gets one saying why
+            missing = [p for p in todo if (model, backend, p) not in _cells(out_dir)]
+            if not missing:
                 continue
             if len(todo) == 1:
                 _record_crash(out_dir, spec, backend, todo[0], threads, outcome)
                 continue
-            for precision in todo:      # find which precision takes the process down
+            for precision in missing:
                 outcome = run_isolated([*base, "-p", precision], point_timeout_s)
-                if outcome.crashed:
+                if (model, backend, precision) not in _cells(out_dir):
                     _record_crash(out_dir, spec, backend, precision, threads, outcome)
 
 
 def _record_crash(out_dir, spec, backend, precision, threads, outcome) -> None:
-    status = "timeout" if outcome.timed_out else "failed"
+    status = "timeout" if outcome.timed_out else "failed" if outcome.crashed or outcome.returncode != 2 else \
+        "unsupported"           # exit 2: the run refused it up front, saying why (e.g. memory)
     record_failure(out_dir, spec, backend, precision, 1, threads or 0, spec.smoke_shape(), status, outcome.reason)
 
 
