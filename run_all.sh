@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the zoo sweep sized for this machine, then write its report (report.html, summary.csv/md, plots).
-#   bash run_all.sh                 quick profile (sweeps/quick.toml): about 15 minutes on 2 cores
+#   bash run_all.sh                 quick profile (sweeps/quick.toml): 40 points, one model of each kind
 #   bash run_all.sh --full          every model x backend x precision x thread count (sweeps/full.toml)
 #   bash run_all.sh --config FILE   any sweep file (see sweeps/)
 #   bash run_all.sh --output DIR    where to write (default results/run_all-<profile>-<date>; reruns resume)
