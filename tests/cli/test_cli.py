@@ -124,6 +124,23 @@ def test_list_shows_the_zoo(tmp_path):
     assert "input_size=299" in proc.stdout
 
 
+def test_flops_are_counted_once_per_shape_and_cached(tmp_path, monkeypatch):
+    from aio_examples.measurement.flops import cached_flops
+    from aio_examples.models import get_model
+
+    monkeypatch.setenv("AIO_CACHE_DIR", str(tmp_path))
+    resnet50, resnet18 = get_model("resnet_50_v1"), get_model("resnet_18")
+    deep, shallow = (cached_flops(spec, spec.shape(input_size=64)) for spec in (resnet50, resnet18))
+    assert deep > 2 * shallow > 0                  # a deeper net does more work at the same size
+    table = json.loads((tmp_path / "flops.json").read_text())
+    assert sorted(table.values()) == sorted([deep, shallow])
+    key = next(k for k, v in table.items() if v == deep)
+    table[key] = 7                                 # read back from the cache, not counted again
+    (tmp_path / "flops.json").write_text(json.dumps(table))
+    assert cached_flops(resnet50, resnet50.shape(input_size=64)) == 7
+
+
+@pytest.mark.slow      # counts every zoo model at its full shape (the UNet, Llama 3.2 1B...): minutes
 def test_list_counts_flops_once_and_caches_them(tmp_path):
     cache = tmp_path / "cache"
     env = {"AIO_CACHE_DIR": str(cache)}
