@@ -21,7 +21,7 @@ from .base import onnx_source
 
 MODEL_FILE = "model.onnx"
 TORCHSCRIPT_OPSET = 17
-_PROTOBUF_LIMIT = 2 * 1024**3 - 64 * 1024**2   # a single ONNX file holds < 2 GiB; keep a margin for the graph
+PROTOBUF_LIMIT = 2 * 1024**3 - 64 * 1024**2   # a single ONNX file holds < 2 GiB; keep a margin for the graph
 
 
 def input_names(example_inputs) -> list[str]:
@@ -90,7 +90,7 @@ def _export(model, inputs, path: Path, dynamo: bool) -> None:
         with redirect_stdout(chatter), redirect_stderr(chatter):
             if dynamo:
                 torch.onnx.export(model, inputs, str(path), dynamo=True, input_names=names, verbose=False,
-                                  external_data=_param_bytes(model) > _PROTOBUF_LIMIT, optimize=True)
+                                  external_data=_param_bytes(model) > PROTOBUF_LIMIT, optimize=True)
             else:
                 # The TorchScript exporter switches to external data by itself above the protobuf limit.
                 torch.onnx.export(model, inputs, str(path), dynamo=False, input_names=names, verbose=False,
@@ -180,7 +180,7 @@ def _own_onnx(source: Path, ctx, precision: str) -> tuple[Path, dict]:
         for value in inputs:
             value.name = names[value.name]
         _rename_uses(proto.graph, names)
-        onnx.save(proto, str(scratch / MODEL_FILE), save_as_external_data=proto.ByteSize() > _PROTOBUF_LIMIT)
+        onnx.save(proto, str(scratch / MODEL_FILE), save_as_external_data=proto.ByteSize() > PROTOBUF_LIMIT)
         return {"exporter": "none: the user's ONNX file", "source": str(source), "opset": _opset(scratch / MODEL_FILE),
                 "inputs_renamed": names}
 

@@ -22,7 +22,7 @@ from ..core.errors import UnsupportedError, short_error
 from ..core.log import logger
 from .artifacts import digests, intact, key
 from .base import Backend, Prepared
-from .exports import atomic_files, export_onnx, input_names
+from .exports import PROTOBUF_LIMIT, atomic_files, export_onnx, input_names
 
 GENERATION_REASON = ("text generation steps a mutable static KV cache held by the torch model; "
                      "an exported ONNX graph cannot carry that cache between calls")
@@ -273,9 +273,12 @@ def quantize(fp32_path: Path, model, example_inputs, ctx) -> tuple[Path, dict]:
     # directory: give it one of its own, not the user's folder.
     with atomic_files(path.parent, name) as scratch, tempfile.TemporaryDirectory() as work, contextlib.chdir(work):
         source = scratch / "pre.onnx"
+        # A model past protobuf's 2 GiB (the Stable Diffusion UNet's 3.4 GB) keeps its weights in external data
+        large = sum(f.stat().st_size for f in fp32_path.parent.iterdir() if f.is_file()) > PROTOBUF_LIMIT
         try:
             # Symbolic shape inference and ORT's basic fusions let more nodes be quantized.
-            quant_pre_process(str(fp32_path), str(source))
+            quant_pre_process(str(fp32_path), str(source), save_as_external_data=large,
+                              all_tensors_to_one_file=True)
             settings["pre_process"] = "ok"
         except Exception as exc:  # noqa: BLE001  (pre-processing is an optimization; quantize without it)
             source = fp32_path
@@ -285,14 +288,16 @@ def quantize(fp32_path: Path, model, example_inputs, ctx) -> tuple[Path, dict]:
             settings["tail_nodes_fp32"] = len(tail)
             quantize_static(str(source), str(scratch / name), Reader(), quant_format=QuantFormat.QDQ,
                             per_channel=True, weight_type=QuantType.QInt8, activation_type=QuantType.QUInt8,
-                            reduce_range=settings["reduce_range"], nodes_to_exclude=tail)
+                            reduce_range=settings["reduce_range"], nodes_to_exclude=tail,
+                            use_external_data_format=large)
         else:
             quantize_dynamic(str(_gemm_as_matmul(source, scratch / "matmul.onnx")), str(scratch / name),
                              weight_type=QuantType.QInt8, op_types_to_quantize=settings["op_types"],
-                             reduce_range=settings["reduce_range"])
+                             reduce_range=settings["reduce_range"], use_external_data_format=large)
         settings["quantize_s"] = round(time.perf_counter() - start, 2)
-        for scratch_file in ("pre.onnx", "matmul.onnx"):
-            (scratch / scratch_file).unlink(missing_ok=True)
+        for scratch_file in scratch.iterdir():          # the pre-processed models and their external data
+            if not scratch_file.name.startswith(name):
+                scratch_file.unlink()
         settings["sha256"] = digests(scratch, sorted(f.name for f in scratch.iterdir()))
         (scratch / meta_path.name).write_text(json.dumps(settings, indent=1))
     return path, {**settings, "cached": False}
