@@ -89,13 +89,15 @@ def render(out_dir: Path, models, backends, precisions, previous: dict | None = 
     `previous_cells`) fills the cells of models this folder has no records of: their earlier rows."""
     cells, previous = _cells(out_dir), dict(previous or {})
     earlier = previous.pop(None, "an earlier run")
-    kept = [m for m in dict.fromkeys(key[0] for key in previous) if m not in models]
+    before = list(dict.fromkeys(key[0] for key in previous))
+    kept = [m for m in before if m not in models]
+    rows = list(dict.fromkeys([*before, *models]))       # the earlier rows where they were, new models after
     notes: dict[str, int] = {}
     parts = []
     for precision in precisions:
         lines = [f"**{precision}**", "", "| model | " + " | ".join(backends) + " |",
                  "|---|" + "---|" * len(backends)]
-        for model in [*models, *kept]:
+        for model in rows:
             row = []
             for backend in backends:
                 r = cells.get((model, backend, precision))
