@@ -203,6 +203,8 @@ class GreedyGeneration:
         self.pass_metrics: dict = {}
         self.facts: dict = {"weight_bytes": weight_bytes} if weight_bytes else {}
         self.facts["prompt_tokens"] = prompt.shape[1]
+        if self.context and not torch.is_floating_point(self.context[0]):   # a text encoder's source token ids
+            self.facts["source_tokens"] = self.context[0].shape[1]         # (BART's article): encoded in TTFT
         self.on_first_token = None     # called as the first token is out (serving: LoadGen's FirstTokenComplete)
 
     def _prefill(self, cache):

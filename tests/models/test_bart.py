@@ -36,6 +36,7 @@ def test_bart_summarizes_on_eager_and_inductor_with_the_generation_metrics_and_n
         assert r.scenario["name"] == "generation" and r.task == "summarization"
         gen = r.metrics["generation"]
         assert gen["prompt_tokens"] == 1 and gen["new_tokens"] == NEW and gen["recompilations"] == 0
+        assert gen["prefill_tokens_per_s"] == pytest.approx((1 + SEQ) / (gen["ttft_ms"]["p50"] / 1e3))
         assert gen["ttft_ms"]["n"] == gen["e2e_ms"]["n"] and gen["itl_ms"]["n"] == gen["e2e_ms"]["n"] * (NEW - 1)
         # layers x (keys + values) x batch x width x fp32, over prompt + summary (self-attention) and the
         # article (cross-attention)
@@ -67,6 +68,7 @@ def test_the_cached_steps_give_the_logits_of_the_whole_sequence_recomputed_and_t
                              use_cache=False).logits
     torch.testing.assert_close(cached, whole, rtol=1e-4, atol=1e-4)
     assert one_pass.facts["prompt_tokens"] == 1 and one_pass.pass_metrics["compiles"] == 0
+    assert one_pass.facts["source_tokens"] == SEQ         # the article: prefill tokens/s counts what TTFT encoded
 
 
 def test_a_local_bart_folder_summarizes_its_tokenizer_text_after_the_bos_its_generation_config_forces(tmp_path):
