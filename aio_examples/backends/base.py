@@ -71,10 +71,10 @@ class PrepareContext:
     # Prepared -> the zero-argument pass the runner will time (a generator's is a whole generation, not one
     # step): what a backend choosing among strategies should time. None: one call of `fn` on its inputs.
     make_pass: Callable[[Prepared], Callable[[], Any]] | None = None
-    # (eager fp32 output, a prepared strategy's output, precision) -> why it fails the output check a record of
-    # it would get, or None: a backend choosing among strategies keeps none whose outputs are wrong. The
-    # runner's (measurement/output_check.py); None: not checked.
-    check: Callable[[Any, Any, str], str | None] | None = None
+    # (a prepared strategy's first output on the example inputs, precision) -> why it fails the output check
+    # against eager fp32 that a record of it would get, or None: a backend choosing among strategies keeps none
+    # whose outputs are wrong. The runner's (measurement/output_check.py); None: not checked.
+    check: Callable[[Any, str], str | None] | None = None
 
     def calibration_inputs(self, example_inputs: tuple, n: int = 8) -> list[tuple]:
         """Input tuples for static int8 calibration (the example inputs when nothing better is known)."""

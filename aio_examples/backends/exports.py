@@ -127,8 +127,9 @@ def export_onnx(model, example_inputs: tuple, ctx, precision: str = "fp32") -> t
     import torch
 
     dtype = prec.dtype(precision)           # UnsupportedError for int8: quantize an fp32 export instead
-    if onnx_source(model) is not None:
-        return _own_onnx(onnx_source(model), ctx, precision)
+    source = onnx_source(model)
+    if source is not None:
+        return _own_onnx(source, ctx, precision)
     folder = artifact_dir("onnx", ctx.model_name, inputs=describe_inputs(example_inputs), precision=precision,
                           weights=ctx.weights_id, module=f"{type(model).__module__}.{type(model).__qualname__}",
                           **_library_versions())

@@ -152,13 +152,6 @@ def _run(req: RunRequest, out_dir: Path | None, run_id: str | None, reference: b
     module = req.module if req.module is not None else req.spec.build(req.weights, req.model_dir, req.shape)
     module.eval()
     inputs = req.example_inputs or req.dataset.example_inputs(req.spec, req.batch_size, req.shape, module)
-    ctx = PrepareContext(
-        model_name=req.spec.name, task=req.spec.task, family=req.spec.family, shape=dict(req.shape),
-        batch_size=req.batch_size, weights_id=weights_digest(module),
-        calibration=(lambda n: [inputs] * n) if req.module is not None
-        else lambda n: req.dataset.calibration_inputs(req.spec, req.batch_size, req.shape, module, n),
-        time_passes=time_passes, make_pass=lambda prepared: req.spec.make_pass(prepared, req.shape),
-        check=lambda expected, output, precision: _strategy_check(req, expected, output, precision))
     configs = [(b, p) for p in req.precisions for b in req.backends]
     if reference and ("eager", "fp32") not in configs:
         configs.insert(0, ("eager", "fp32"))
@@ -169,6 +162,15 @@ def _run(req: RunRequest, out_dir: Path | None, run_id: str | None, reference: b
         reference = _reference_accuracy(req, module, inputs)
     _count_flops(req)
     blank = _blank_record(req, run_id or res.new_run_id(), threads_in_effect)
+    ctx = PrepareContext(
+        model_name=req.spec.name, task=req.spec.task, family=req.spec.family, shape=dict(req.shape),
+        batch_size=req.batch_size, weights_id=weights_digest(module),
+        calibration=(lambda n: [inputs] * n) if req.module is not None
+        else lambda n: req.dataset.calibration_inputs(req.spec, req.batch_size, req.shape, module, n),
+        time_passes=time_passes, make_pass=lambda prepared: req.spec.make_pass(prepared, req.shape),
+        # aio's tuning judges each strategy's first output as the record of it would be
+        check=lambda output, precision: _compare(req, reference_output, req.spec.checked_output(None, output, None),
+                                                 precision, blank.weights).reason)
     candidates = []
     for backend_name, precision in configs:
         cand = _Candidate(backend_name, precision, res.Result.from_dict(
@@ -345,22 +347,20 @@ def _check(cand: _Candidate, req: RunRequest, reference_output, weights: str) ->
     m, r = cand.measurement, cand.result
     if r.status != "ok" or m.first_output is None:
         return
-    output = req.spec.checked_output(m.fn, m.first_output, reference_output)
-    check = check_outputs(req.spec.task, reference_output, output, cand.precision,
-                    judge_agreement=not weights.startswith("random"))
-    check.reference = getattr(req.module, "reference", check.reference)
+    check = _compare(req, reference_output, req.spec.checked_output(m.fn, m.first_output, reference_output),
+                     cand.precision, weights)
     r.check = check.to_dict()
     if not check.passed:
         r.status, r.reason = "fail_accuracy", check.reason
 
 
-def _strategy_check(req: RunRequest, expected, output, precision: str) -> str | None:
-    """Why one pass's `output` fails the check its record would get against eager fp32's `expected` (None: it
-    passes); for aio's tuning, which keeps no strategy with wrong outputs."""
-    judged = bool(req.model_dir or req.weights or req.module is not None)      # not random weights
-    check = check_outputs(req.spec.task, req.spec.postprocess(expected), req.spec.postprocess(output), precision,
-                          judge_agreement=judged)
-    return None if check.passed else check.reason
+def _compare(req: RunRequest, reference_output, output, precision: str, weights: str):
+    """The output check of `output` (as `spec.checked_output` gives it) against the reference's; agreement is
+    judged only for real weights."""
+    check = check_outputs(req.spec.task, reference_output, output, precision,
+                          judge_agreement=not weights.startswith("random"))
+    check.reference = getattr(req.module, "reference", check.reference)
+    return check
 
 
 def _reference_accuracy(req: RunRequest, module, inputs) -> accuracy.Scored | None:
