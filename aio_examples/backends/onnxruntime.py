@@ -309,17 +309,17 @@ def _tail_nodes(path: Path) -> list[str]:
     the small ones to zero, and nothing after it gains speed from int8."""
     import onnx
 
-    graph = onnx.load(str(path), load_external_data=False).graph
+    nodes = list(onnx.load(str(path), load_external_data=False).graph.node)
     heavy = {"Conv", "MatMul", "Gemm"}
-    readers: dict[str, list] = {}
-    for node in graph.node:
+    # By position, not id(): protobuf may hand out a new wrapper object for a node on each access.
+    readers: dict[str, list[int]] = {}
+    for i, node in enumerate(nodes):
         for name in node.input:
-            readers.setdefault(name, []).append(node)
-    leads: dict[int, bool] = {}            # node -> whether a heavy node reads (transitively) what it makes
-    for node in reversed(graph.node):      # ONNX lists nodes in topological order
-        leads[id(node)] = any(reader.op_type in heavy or leads.get(id(reader), False)
-                              for out in node.output for reader in readers.get(out, []))
-    return [n.name for n in graph.node if n.op_type not in heavy and not leads[id(n)] and n.name]
+            readers.setdefault(name, []).append(i)
+    leads = [False] * len(nodes)           # whether a heavy node reads (transitively) what node i makes
+    for i in reversed(range(len(nodes))):  # ONNX lists nodes in topological order
+        leads[i] = any(nodes[r].op_type in heavy or leads[r] for out in nodes[i].output for r in readers.get(out, []))
+    return [n.name for n, lead in zip(nodes, leads) if n.op_type not in heavy and not lead and n.name]
 
 
 def _gemm_as_matmul(src: Path, dst: Path) -> Path:
