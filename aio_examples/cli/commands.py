@@ -237,7 +237,18 @@ def do_sweep(args) -> int:
         cfg = SweepConfig.from_toml(args.config, overrides)
     else:
         cfg = SweepConfig(**{k: v for k, v in overrides.items() if v is not None})
-    summary = run_sweep(cfg, quiet=args.quiet)
+    if args.cluster is not None:
+        from ..drivers.fleet import run_fleet
+
+        if cfg.interleave > 1:
+            raise UsageError(f"--interleave {cfg.interleave} does not apply to --cluster (a node runs its points one "
+                             "at a time); accepted: --points-per-node for points side by side on a node")
+        summary = run_fleet(cfg, args.cluster, args.nodes, args.points_per_node or 1, quiet=args.quiet)
+    elif args.nodes is not None or args.points_per_node is not None:
+        raise UsageError(f"--{'nodes' if args.nodes is not None else 'points-per-node'} applies to a sweep on a "
+                         "cluster; accepted: with --cluster ADDRESS")
+    else:
+        summary = run_sweep(cfg, quiet=args.quiet)
     print(summary.text(Path(cfg.output)))
     if summary.interrupted:
         raise summary.interrupted
@@ -390,12 +401,17 @@ def do_report(args) -> int:
     from ..reporting.report import build_report
 
     try:
-        written = build_report(args.results, Path(args.output), include_contended=args.include_contended)
+        written = build_report(args.results, Path(args.output), include_contended=args.include_contended,
+                               prices=args.prices, latency_ms=args.latency_ms)
     except OSError as exc:              # a full disk, a folder removed meanwhile: the report, not the records
         raise UsageError(f"--output {args.output!r}: the report could not be written ({exc.strerror or exc}); "
                          "accepted: a folder with room for it") from None
     print(f"{written['records']} records: {written['html']}, {written['md']}, {written['csv']} "
           f"(plots in {Path(args.output) / 'plots'})")
+    if "fleet_md" in written:
+        print(f"machines side by side: {written['fleet_md']}, {written['fleet_csv']}")
+    for line in written.get("cheapest", []):
+        print(line)
     return 0
 
 

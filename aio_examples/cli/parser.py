@@ -80,6 +80,13 @@ def _add_drivers(sub) -> None:
                     help="samples of each dataset (the config's datasets table) scored per point (default: all)")
     sw.add_argument("--output", default=None, help="folder of results.jsonl; rerunning resumes (default results/sweep)")
     sw.add_argument("--quiet", action="store_true", help="no progress bar (also when CI=true)")
+    sw.add_argument("--cluster", default=None, metavar="ADDRESS",
+                    help="run every point on each machine kind of a Ray cluster: ray://HEAD:10001, HEAD:6379, or "
+                         "local (a cluster on this machine); see docs/fleet.md")
+    sw.add_argument("--nodes", default=None, metavar="LABEL=VALUE",
+                    help="with --cluster: only nodes with this label value or custom resource (comma list: any)")
+    sw.add_argument("--points-per-node", type=positive("--points-per-node"), default=None,
+                    help="with --cluster: points run at once on a node, each on its own share of its cores (default 1)")
     tp = sub.add_parser("throughput", help="N instances x T threads on disjoint cores, throughput summed")
     tp.add_argument("model")
     tp.add_argument("--instances", type=positive("--instances"), default=2)
@@ -165,6 +172,11 @@ def _add_reports(sub) -> None:
     rp.add_argument("--include-contended", action="store_true",
                     help="keep configurations measured while other processes held their cores in the suite view "
                          "and its geometric means (they are marked either way)")
+    rp.add_argument("--prices", default=None,
+                    help="TOML file of prices per hour per machine (machine_type or fingerprint): adds the cost per "
+                         "million inferences and the cheapest machine per model (docs/fleet.md)")
+    rp.add_argument("--latency-ms", type=positive("--latency-ms", float, "a number of milliseconds > 0"), default=None,
+                    help="p99 latency bound of the best configuration per machine (default: no bound)")
 
 
 def _add_analysis(sub) -> None:

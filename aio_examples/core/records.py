@@ -65,13 +65,16 @@ class ConfigKey(NamedTuple):
 def machine_fingerprint(env: dict | None) -> str | None:
     """Identity of the hardware a record was measured on: CPU model, ISA, CPUs, NUMA nodes, architecture.
 
-    Not the hostname (CI runners and containers change names) and not the libraries (a nightly run compares
+    A machine restricted to fewer CPUs than its host has (a container's or a Ray node's CPU set: `machine_cpus`)
+    is a machine of its own. Not the hostname (CI runners and containers change names) and not the libraries (a nightly run compares
     library builds on one machine). None when the record carries no environment.
     """
     if not (env or {}).get("cpu_model"):
         return None
     parts = [env["cpu_model"], env.get("arch"), env.get("logical_cpus"), env.get("numa_nodes"),
              ",".join(env.get("isa") or [])]
+    if env.get("machine_cpus") not in (None, env.get("logical_cpus")):     # a smaller share of the host
+        parts.append(f"cpus={env['machine_cpus']}")
     return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:12]
 
 

@@ -27,13 +27,14 @@ from ..core import records as res
 from ..core.errors import UnsupportedError, UsageError
 from ..core.log import logger
 from ..core.processes import run_isolated
-from ..core.records import ConfigKey, shape_label
+from ..core.records import ConfigKey, machine_fingerprint, shape_label
 from ..machine import allocators
 from ..machine.binding import plan, probe
+from ..machine.environment import capture
 from ..machine.topology import numa_cpus_from_env, read_topology
 from ..measurement.timing import ORDER_SEED, ROUND_GAP_S, ROUND_S
 from .turns import Taker
-from .worker import child_env, record_failure, run_argv
+from .worker import child_env, machine_cpus, record_failure, run_argv
 
 SHAPE_KEYS = ("input_size", "seq_len", "new_tokens")
 # Shape axes: a list of values, each a point of its own, for the models whose shape has that dimension
@@ -336,6 +337,7 @@ class SweepSummary:
     measured_s: float
     wall_s: float
     interrupted: KeyboardInterrupt | None = None      # what stopped it (Ctrl-C, or SIGTERM as Terminated)
+    notes: list = field(default_factory=list)         # more lines for the user (a fleet's machines, lost nodes)
 
     def text(self, out: Path) -> str:
         ran = sum(self.statuses.values())
@@ -344,15 +346,17 @@ class SweepSummary:
                  (f"time: {self.wall_s:.0f} s wall, of which preparing {self.prepare_s:.0f} s (compiling, exporting, "
                   f"tuning), warming up {self.warmup_s:.0f} s and measuring {self.measured_s:.0f} s; the rest is "
                   "process start, model building and the eager fp32 reference outputs"),
-                 f"records: {out / 'results.jsonl'}"]
+                 *self.notes, f"records: {out / 'results.jsonl'}"]
         if self.interrupted:
             lines.insert(0, "sweep interrupted: the points above are kept; rerun the same command to resume")
         return "\n".join(lines)
 
 
-def finished_points(out: Path) -> set[str]:
-    """Points that have a record, but for those interrupted (Ctrl-C) before their measurement was done."""
-    return {r.point_id for r in res.records_in(out) if r.point_id and r.stop_reason != "interrupted"}
+def finished_points(out: Path, machine: str | None = None) -> set[str]:
+    """Points that have a record (on `machine`, when given: a fleet's folder holds several), but for those
+    interrupted (Ctrl-C) before their measurement was done or lost with their node (drivers/fleet.py)."""
+    return {r.point_id for r in res.records_in(out) if r.point_id and r.stop_reason not in ("interrupted", "node_lost")
+            and (machine is None or r.machine in (None, machine))}
 
 
 def point_env(point: Point, binding, base=None) -> dict:
@@ -496,7 +500,7 @@ def _run_sweep(cfg: SweepConfig, out: Path, quiet: bool) -> SweepSummary:
     points = cfg.points(default_threads)
     for t in sorted({p.threads * (p.serving[2] if p.serving else 1) for p in points}):
         topology.pick_cpus(t, numa_cpus)         # too many threads for this machine: say so before running
-    done = finished_points(out)
+    done = finished_points(out, machine_fingerprint(capture({"machine_cpus": machine_cpus()})))
     todo = [p for p in points if p.point_id not in done and p.legacy_point_id not in done]
     statuses: dict[str, int] = {}
     start = time.perf_counter()

@@ -13,6 +13,7 @@ import os
 from ..core import records as res
 from ..core.errors import UsageError
 from ..core.log import logger
+from ..machine.environment import MACHINE_CPUS_ENV, capture
 
 
 def split_items(text: str, flag: str) -> list[str]:
@@ -98,11 +99,19 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--serve", default=None, help=argparse.SUPPRESS)     # a LoadGen driver's socket (drivers/loadgen.py)
 
 
+def machine_cpus() -> int:
+    """The CPUs of the machine a driver runs on: its Ray node's (set on the node), else the driver's own
+    affinity, seen before a binding narrows a point's process to its cores."""
+    value = os.environ.get(MACHINE_CPUS_ENV, "")
+    return int(value) if value.isdigit() else len(os.sched_getaffinity(0))
+
+
 def child_env(threads: int, allocator: str, binding, base=None) -> dict:
     """A worker's environment: threads, binding and allocator in place before it imports torch."""
     from ..machine import allocators
 
     env = dict(os.environ if base is None else base)
+    env.setdefault(MACHINE_CPUS_ENV, str(machine_cpus()))
     env.update(binding.child_env(threads))
     env.update(allocators.env_for(allocator, env))
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -167,7 +176,7 @@ def record_failure(out, spec, backend: str, precision: str, batch_size: int, thr
         r.binding = {"method": binding.method, "cores": list(binding.cores),
                      "membind": list(binding.membind) if binding.membind else None}
         r.warnings = list(binding.warnings)
-    r.env = {"allocator": allocator}
+    r.env = {**capture({"machine_cpus": machine_cpus()}), "allocator": allocator}      # the machine it was to run on, like a measured record
     res.append(out, r)
     logger.warning("%s %s/%s: %s: %s", spec.name, backend, precision, status, reason)
     return r

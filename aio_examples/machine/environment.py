@@ -14,6 +14,11 @@ from .topology import read_topology
 ENV_PREFIXES = ("AIO_", "OMP_", "DNNL_", "ONEDNN_", "MKL_", "KMP_", "OPENBLAS_", "GOMP_")
 ENV_NAMES = ("LD_PRELOAD", "MALLOC_CONF", "GLIBC_TUNABLES", "THP_MEM_ALLOC_ENABLE", "LRU_CACHE_CAPACITY")
 ISA_PREFIXES = ("avx2", "avx512", "amx", "avx_vnni", "fma", "sve", "asimd", "bf16", "i8mm")
+# What the machine a sweep runs on offers, as its driver saw it before binding a point to some of its cores
+# (a container or a Ray node restricted to fewer CPUs than the host has is a smaller machine), and the
+# user's name for its kind (a Ray node's `machine` label, e.g. an instance type): set by the sweep drivers.
+MACHINE_CPUS_ENV = "AIO_MACHINE_CPUS"
+MACHINE_TYPE_ENV = "AIO_MACHINE_TYPE"
 PACKAGES = ("torch", "torchvision", "transformers", "numpy", "onnxruntime", "openvino", "ultralytics")
 
 
@@ -79,5 +84,9 @@ def capture(extra: dict | None = None) -> dict:
     env["env_vars"] = {k: v for k, v in sorted(os.environ.items())
                        if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
     env["allocator"] = allocators.in_use()
+    if os.environ.get(MACHINE_CPUS_ENV, "").isdigit():
+        env["machine_cpus"] = int(os.environ[MACHINE_CPUS_ENV])
+    if os.environ.get(MACHINE_TYPE_ENV, "").strip():
+        env["machine_type"] = os.environ[MACHINE_TYPE_ENV].strip()
     env.update(extra or {})
     return env

@@ -31,7 +31,7 @@ from ..core import records as res
 from ..core import scores
 from ..core.paths import safe_name
 from ..core.records import KEY_FIELDS, Result
-from . import generation, profiles, serving
+from . import fleet, generation, profiles, serving
 from .page import STYLE, img
 from .plots import plot_accuracy, plot_instances, plot_model, plot_suite
 
@@ -303,9 +303,10 @@ def _environments(records: list[Result]) -> list[dict]:
              "git": (e.get("git_commit") or "")[:10]} for m, e in seen.items()]
 
 
-def write_html(records, df, suite, setting, plots: dict, out: Path, acc=None, gen=None, serve=None) -> Path:
+def write_html(records, df, suite, setting, plots: dict, out: Path, acc=None, gen=None, serve=None,
+               machines=None) -> Path:
     """`acc`: the accuracy frame (accuracy_frame), `gen` the generation frame (generation.frame); each section
-    only when its frame has rows."""
+    only when its frame has rows. `machines`: the fleet.Fleet, its section only when it is shown."""
     import pandas as pd
 
     parts = [(f"<!doctype html><html><head><meta charset='utf-8'><title>aio-examples report</title>"
@@ -330,6 +331,9 @@ def write_html(records, df, suite, setting, plots: dict, out: Path, acc=None, ge
                      "<code>--include-contended</code> shows them.</p>")
     else:
         parts.append("<p>No eager fp32 reference and single-instance results to compare against.</p>")
+    if machines is not None and machines.shown:
+        parts.append("<h2 id='fleet'>Machines side by side</h2>")
+        parts.append(fleet.table(machines))
     if acc is not None and not acc.empty:
         parts.append("<h2 id='accuracy'>Accuracy and speed</h2>")
         parts.append("<p>Task metrics on a labelled dataset, in points, and their change against eager fp32 on the "
@@ -381,9 +385,12 @@ def write_html(records, df, suite, setting, plots: dict, out: Path, acc=None, ge
     return path
 
 
-def build_report(paths, out_dir, include_contended: bool = False) -> dict:
-    """Everything: summary.csv/md, PNG plots under plots/, report.html. Returns the paths written."""
+def build_report(paths, out_dir, include_contended: bool = False, prices=None, latency_ms: float | None = None) -> dict:
+    """Everything: summary.csv/md, PNG plots under plots/, report.html, and with records from several machines (or
+    `prices`, a prices TOML file, or `latency_ms`, a p99 bound) fleet.csv/md. Returns the paths written, and
+    with prices `cheapest`: a line per model naming its cheapest machine."""
     records = res.load_records(paths)
+    machines = fleet.Fleet.of(records, prices, latency_ms)       # bad prices stop it before anything is written
     out = res.check_output_dir(out_dir)
     plot_dir = out / "plots"
     plot_dir.mkdir(exist_ok=True)
@@ -401,6 +408,9 @@ def build_report(paths, out_dir, include_contended: bool = False) -> dict:
                         for m in sorted(df.model.unique())},
              "instances": plot_instances(df, plot_dir / "instances.png"),
              "serving": {m: serving.plots(serve, m, plot_dir) for m in sorted(serve.model.unique())} if not serve.empty else {}}
-    written["html"] = write_html(records, df, suite, setting, plots, out, acc, gen, serve)
+    written["html"] = write_html(records, df, suite, setting, plots, out, acc, gen, serve, machines)
+    if machines.shown:
+        written |= fleet.write(machines, out)
+        written["cheapest"] = machines.cheapest_lines()
     written["records"] = len(records)
     return written
