@@ -204,3 +204,22 @@ def test_ctrl_c_on_a_fleet_sweep_stops_its_points_and_the_rerun_completes(cluste
     assert again.returncode == 0, again.stderr[-2000:]
     counts = _points_of(records(out))
     assert len(counts) == 12 and set(counts.values()) == {1}
+
+
+def test_a_folder_of_several_machines_resumes_each_machine_by_its_own_records(tmp_path):
+    from aio_examples.core import records as res
+    from aio_examples.core.records import Result, machine_fingerprint
+    from aio_examples.drivers.sweep import finished_points
+
+    env = capture()
+    other = {**env, "machine_cpus": 1, "logical_cpus": 2}
+    mine, theirs = (Result("resnet_18", "image-classification", "eager", "fp32", 1, 1, {}, point_id=p, env=e)
+                    for p, e in (("a", env), ("b", other)))
+    lost = Result("resnet_18", "image-classification", "eager", "fp32", 1, 2, {}, point_id="c", env=env,
+                  status="failed", stop_reason="node_lost")
+    for r in (mine, theirs, lost):
+        res.append(tmp_path, r)
+    assert machine_fingerprint(env) != machine_fingerprint(other)
+    assert finished_points(tmp_path, machine_fingerprint(env)) == {"a"}
+    assert finished_points(tmp_path, machine_fingerprint(other)) == {"b"}
+    assert finished_points(tmp_path) == {"a", "b"}
