@@ -99,7 +99,7 @@ def cluster():
 
     client_port = free_port()
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "ray_client_server_port": client_port,
-                                                      "include_dashboard": False})
+                                                      "include_dashboard": False, "labels": {"machine": "big"}})
     every = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {max(every)})
     try:
@@ -223,3 +223,26 @@ def test_a_folder_of_several_machines_resumes_each_machine_by_its_own_records(tm
     assert finished_points(tmp_path, machine_fingerprint(env)) == {"a"}
     assert finished_points(tmp_path, machine_fingerprint(other)) == {"b"}
     assert finished_points(tmp_path) == {"a", "b"}
+
+
+@pytest.mark.slow
+def test_points_per_node_run_side_by_side_on_disjoint_cores(cluster, tmp_path):
+    out = tmp_path / "shared"
+    proc = run_cli([*SWEEP, "--threads", "1,2", "--batch-sizes", "1,2", "--timeout", "3", "--cluster", cluster[2],
+                    "--nodes", "machine=big", "--points-per-node", "2", "--output", str(out)])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = records(out)
+    assert {r["env"]["machine_type"] for r in rows} == {"big"} and len(rows) == 4
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert {r["threads"] for r in ok} == {1} and len(ok) == 2     # a share of one core cannot take 2 threads
+    assert {r["status"] for r in rows if r["threads"] == 2} == {"unsupported"}
+    assert {tuple(r["binding"]["cores"]) for r in ok} == {(0,), (1,)}      # one point on each core
+    assert len({r["env"]["node"]["node_id"] for r in rows}) == 1
+
+
+@pytest.mark.slow
+def test_cluster_local_starts_a_cluster_on_this_machine(tmp_path):
+    proc = run_cli([*SWEEP, "--threads", "1", "--cluster", "local", "--output", str(tmp_path / "o")])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (row,) = records(tmp_path / "o")
+    assert row["status"] == "ok" and row["env"]["node"]["node_id"]
