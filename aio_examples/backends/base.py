@@ -64,10 +64,11 @@ class PrepareContext:
     batch_size: int
     weights_id: str             # digest of the weights: part of every cache key
     calibration: Callable[[int], list] | None = None   # n -> n input tuples for int8 calibration
-    # Named zero-argument pass functions -> the median ms of each that ran, timed alike (interleaved): how a
-    # backend choosing among strategies times them. The runner hands in its own (timing.time_passes), so
-    # backends never import the timing layer above them.
-    time_passes: Callable[[dict[str, Callable[[], Any]]], dict[str, float]] | None = None
+    # (named zero-argument pass functions, threads) -> what timing them alike found (timing.Tuned: the median ms
+    # of each that ran, from rounds other processes left alone, and whether the winner is clear): how a backend
+    # choosing among strategies times them. The runner hands in its own (timing.time_passes), so backends
+    # never import the timing layer above them.
+    time_passes: Callable[[dict[str, Callable[[], Any]], int], Any] | None = None
     # Prepared -> the zero-argument pass the runner will time (a generator's is a whole generation, not one
     # step): what a backend choosing among strategies should time. None: one call of `fn` on its inputs.
     make_pass: Callable[[Prepared], Callable[[], Any]] | None = None

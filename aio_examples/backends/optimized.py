@@ -15,7 +15,6 @@ import platform
 
 from ..core.errors import UnsupportedError, UsageError, short_error
 from ..core.log import logger
-from ..machine import contention
 from .base import Backend, Prepared, held_bytes, onnx_source
 from .llm_engines import EngineBackend
 
@@ -44,7 +43,6 @@ def strategies_for(model, engines: dict | None = None) -> tuple:
     return tuple(s for s in names if s == "compiled" or (s in engines and engines[s].unavailable_reason() is None))
 
 
-BUSY_LIMIT_CORES = 0.3      # other processes' load above which a tuning decision is used but not cached
 MEMORY_MARGIN = 1 << 30     # bytes left free when deciding whether another strategy fits
 
 
@@ -87,9 +85,10 @@ class AioBackend(Backend):
                 prepared.info.update({"strategy": cached["strategy"],
                                       "tuning": {**cached, "cached": True, "file": str(decision_file)}})
                 return prepared
-        return self._tune(model, example_inputs, precision, threads, ctx, decision_file)
+        return self._tune(model, example_inputs, precision, threads, ctx, decision_file, {"model": ctx.model_name,
+                                                                                           **key})
 
-    def _tune(self, model, example_inputs, precision, threads, ctx, decision_file) -> Prepared:
+    def _tune(self, model, example_inputs, precision, threads, ctx, decision_file, key) -> Prepared:
         """Prepare every strategy that can run, time them alike (with `ctx.time_passes`), keep the fastest.
 
         Without `ctx.time_passes` (prepare called outside the runner) the first strategy that runs is taken,
@@ -149,7 +148,7 @@ class AioBackend(Backend):
             tuning = {"not_tuned": "no timing function handed in", "refused": refused}
             logger.warning("aio: no timing function handed in (PrepareContext.time_passes): running %s untuned", best)
         else:
-            best, tuning = _choose(prepared, refused, ctx.time_passes, decision_file)
+            best, tuning = _choose(prepared, refused, ctx.time_passes, threads, decision_file, key)
         if all_wrong:
             tuning["output_check"] = "every strategy that ran failed the output check: the fastest was kept"
         chosen = prepared[best][0]
@@ -180,35 +179,63 @@ def _memory_short(need: float) -> str | None:
     return None
 
 
-def _choose(prepared: dict, refused: dict, time_passes, decision_file) -> tuple[str, dict]:
-    """Time the prepared strategies, keep the fastest, and cache that decision unless other processes held our
-    cores meanwhile. Their load is read on our cores only (machine/contention.py): load on cores we do not run
-    on cannot slow the strategies, so a machine-wide figure would refuse to cache for nothing."""
+def _choose(prepared: dict, refused: dict, time_passes, threads: int, decision_file, key: dict) -> tuple[str, dict]:
+    """Time the prepared strategies (time_passes: in rounds other processes left alone, until the winner is
+    clear) and keep the fastest. Cached unless a strategy was not tried or the rounds were not quiet enough:
+    then the choice is provisional, and a decision taken before for the same model, inputs, precision,
+    threads and CPU (under other library versions, or on another machine of this CPU model sharing the
+    cache) wins over timings a busy machine made."""
     import torch
 
-    before = contention.snapshot()
-    medians = {}
+    timed = None
     if len(prepared) > 1:
         with torch.no_grad():
-            medians = time_passes({s: one_pass for s, (_, one_pass) in prepared.items()})
-    busy = contention.busy_elsewhere(before, contention.snapshot())
+            timed = time_passes({s: one_pass for s, (_, one_pass) in prepared.items()}, threads)
+    medians = timed.medians if timed else {}
     best = min(medians, key=medians.get) if medians else next(iter(prepared))
-    decision = {"strategy": best, "medians_ms": {s: round(v, 3) for s, v in medians.items()},
-                "refused": refused, "busy_elsewhere_cores": round(busy, 2)}
+    decision = {"strategy": best, **(timed.to_dict() if timed else {"medians_ms": {}}), "refused": refused}
     tuning = {**decision, "cached": False, "file": str(decision_file)}
     short = [s for s, why in refused.items() if why.startswith("not tried")]
     if short:
         tuning["not_saved"] = f"{', '.join(short)} not tried for want of memory; the next run tunes again"
-        logger.warning("aio tuning: %s", tuning["not_saved"])
-    elif len(prepared) > 1 and busy > BUSY_LIMIT_CORES:
-        # A decision taken while other processes held the cores would stick to every later run.
-        tuning["not_saved"] = (f"other processes kept {busy:.2f} cores busy while tuning "
-                               f"(limit {BUSY_LIMIT_CORES}); the next run tunes again")
-        logger.warning("aio tuning: %s", tuning["not_saved"])
+    elif timed and not timed.quiet:
+        prior = _prior_decision(decision_file, key, prepared)
+        if prior:
+            best, tuning["strategy"] = prior["strategy"], prior["strategy"]
+            tuning["prior_decision"] = prior["file"]
+        tuning["provisional"] = (
+            f"other processes took our cores in too many rounds ({timed.busy_cores:.2f} cores on average, "
+            f"rounds kept/dropped {timed.rounds}): "
+            + (f"kept the decision taken before under {prior['why']}" if prior else "the fastest under contention")
+            + "; the next run tunes again")
+        tuning["not_saved"] = tuning["provisional"]
     else:
         _save_decision(decision_file, decision)
+    if "not_saved" in tuning:
+        logger.warning("aio tuning: %s", tuning["not_saved"])
     logger.info("aio tuning chose %s (%s)", best, ", ".join(f"{s} {v:.2f} ms" for s, v in medians.items()))
     return best, tuning
+
+
+PRIOR_IGNORES = ("versions", "strategies")     # what may differ between a prior decision's key and ours
+
+
+def _prior_decision(decision_file, key: dict, prepared: dict) -> dict | None:
+    """The newest cached decision for the same model, inputs, precision, threads and CPU whose key differs
+    only in library versions or the strategies on offer, naming a strategy prepared now."""
+    found = []
+    for other in decision_file.parent.parent.glob(f"{decision_file.parent.name.rsplit('-', 1)[0]}-*/decision.json"):
+        try:
+            their_key = json.loads((other.parent / "key.json").read_text())
+            decision = json.loads(other.read_text())
+        except (OSError, ValueError):
+            continue
+        same = all(their_key.get(k) == v for k, v in key.items() if k not in PRIOR_IGNORES)
+        if other != decision_file and same and decision.get("strategy") in prepared:
+            differs = [k for k in PRIOR_IGNORES if their_key.get(k) != key.get(k)]
+            found.append((other.stat().st_mtime, {"strategy": decision["strategy"], "file": str(other),
+                                                  "why": " and ".join(f"other {k}" for k in differs) or "this key"}))
+    return max(found, key=lambda f: f[0])[1] if found else None
 
 
 def _compiled(model, example_inputs, precision, threads, ctx, inductor: Backend | None = None) -> Prepared:

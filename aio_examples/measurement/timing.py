@@ -5,6 +5,7 @@ every output is touched inside the timed region so nothing lazy escapes the cloc
 """
 
 import functools
+import os
 import random
 import time
 from collections.abc import Callable
@@ -248,17 +249,105 @@ def measure(measurements: list[Measurement], round_s: float = ROUND_S, on_error=
 
 
 TUNING_ROUND_S = 0.5
-TUNING_TIMEOUT_S = 6.0
+TUNING_TIMEOUT_S = 6.0        # measured seconds per strategy once enough of its rounds were quiet
+TUNING_CONTENDED_CORES = others.CONTENDED_CORES   # beyond the spare cores: a round others took part of
+QUIET_WAIT_S = 15.0           # the longest wait for a quiet moment, before the rounds and between them
+MIN_QUIET_ROUNDS = 3          # per strategy, for a decision that is not provisional
 
 
-def time_passes(passes: dict[str, Callable[[], object]]) -> dict[str, float]:
-    """Time named pass functions alike, in interleaved rounds, for a backend choosing among them (the
-    optimized backend's tuner, handed this through PrepareContext): the median ms of each that ran. One
-    whose pass raises is left out."""
+@dataclass
+class Tuned:
+    """What timing strategies for a choice found (time_passes)."""
+
+    medians: dict                # name -> median ms over its quiet rounds (all its rounds when it had none)
+    ci: dict                     # name -> (low, high) of that median
+    quiet: bool                  # every strategy had MIN_QUIET_ROUNDS rounds others left alone
+    clear: bool                  # the fastest's interval lies below every other's: a winner beyond noise
+    rounds: dict                 # name -> [rounds kept, rounds dropped because others took our cores]
+    waited_s: float              # spent waiting for quiet moments
+    busy_cores: float            # cores others held on average over all rounds
+    limit_cores: float           # a round with more is dropped
+
+    def to_dict(self) -> dict:
+        return {"medians_ms": {k: round(v, 3) for k, v in self.medians.items()}, "quiet": self.quiet,
+                "clear": self.clear, "rounds_kept_dropped": self.rounds, "waited_for_quiet_s": round(self.waited_s, 1),
+                "busy_elsewhere_cores": round(self.busy_cores, 2), "round_limit_cores": self.limit_cores}
+
+
+def wait_quiet(limit: float, max_wait_s: float, window_s: float = 0.5) -> float:
+    """Wait until others hold fewer than `limit` of our cores over a window, at most `max_wait_s`: the seconds
+    waited."""
+    start = time.monotonic()
+    while time.monotonic() - start < max_wait_s:
+        before = others.snapshot()
+        time.sleep(window_s)
+        if others.busy_elsewhere(before, others.snapshot()) <= limit:
+            break
+    return time.monotonic() - start
+
+
+def time_passes(passes: dict[str, Callable[[], object]], threads: int | None = None) -> Tuned:
+    """Time named pass functions alike for a backend choosing among them (the optimized backend's tuner,
+    handed this through PrepareContext), so that a busy machine cannot pick for it.
+
+    After warming each up it waits for a quiet moment, then runs interleaved rounds, reading after every
+    round how much of our cores other processes took: a round they took more than the spare cores (the
+    affinity set beyond `threads`) plus a quarter of a core of is dropped, and the next waits for quiet.
+    Rounds go on until each strategy has MIN_QUIET_ROUNDS quiet rounds and either the fastest is ahead beyond
+    the intervals of the medians or each has TUNING_TIMEOUT_S measured; with the machine busy throughout, at
+    most twice that. One whose pass raises is left out."""
+    spare = max(0, len(os.sched_getaffinity(0)) - threads) if threads else 0
+    limit = spare + TUNING_CONTENDED_CORES
     rule = StopRule(timeout_s=TUNING_TIMEOUT_S, min_time_s=1.0, min_runs=5, ci_target=0.02)
-    measurements = {name: Measurement(fn, rule) for name, fn in passes.items()}
-    measure(list(measurements.values()), round_s=TUNING_ROUND_S, on_error=_left_out)
-    return {name: m.summary().median for name, m in measurements.items() if m.samples_ns and not m.error}
+    ms = {name: Measurement(fn, rule) for name, fn in passes.items()}
+    warm_up(list(ms.values()), on_error=_left_out)
+    waited = wait_quiet(limit, QUIET_WAIT_S)
+    quiet = {name: [] for name in ms}
+    rounds = {name: [0, 0] for name in ms}
+    elsewhere = wall = 0.0
+    order, shuffle = list(ms), random.Random(ORDER_SEED).shuffle
+    while True:
+        contended = False
+        for name in order:
+            m = ms[name]
+            if m.error:
+                continue
+            before, snap = len(m.samples_ns), others.snapshot()
+            guarded(m, functools.partial(m.run_for, TUNING_ROUND_S, stop_rule=False), _left_out)
+            after = others.snapshot()
+            elsewhere, wall = elsewhere + others.elsewhere_s(snap, after), wall + after.wall_s - snap.wall_s
+            if others.busy_elsewhere(snap, after) <= limit:
+                quiet[name] += m.samples_ns[before:]
+                rounds[name][0] += 1
+            else:
+                rounds[name][1] += 1
+                contended = True
+            time.sleep(ROUND_GAP_S)
+        shuffle(order)
+        alive = [n for n in ms if not ms[n].error and ms[n].samples_ns]
+        if not alive:
+            break
+        enough = all(rounds[n][0] >= MIN_QUIET_ROUNDS for n in alive)
+        spent = min(ms[n].measured_s for n in alive)
+        if enough and (_clear(quiet, alive) or spent >= TUNING_TIMEOUT_S):
+            break
+        if spent >= 2 * TUNING_TIMEOUT_S:
+            break
+        if contended and waited < 2 * QUIET_WAIT_S:
+            waited += wait_quiet(limit, min(QUIET_WAIT_S, 2 * QUIET_WAIT_S - waited))
+    alive = [n for n in ms if not ms[n].error and ms[n].samples_ns]
+    summaries = {n: summarize(np.asarray(quiet[n] or ms[n].samples_ns) / 1e6) for n in alive}
+    return Tuned({n: s.median for n, s in summaries.items()}, {n: (s.ci_low, s.ci_high) for n, s in summaries.items()},
+                 all(rounds[n][0] >= MIN_QUIET_ROUNDS for n in alive), _clear(quiet, alive),
+                 {n: rounds[n] for n in alive}, waited, max(0.0, elsewhere / wall) if wall else 0.0, limit)
+
+
+def _clear(quiet: dict, names: list) -> bool:
+    """The fastest median's interval lies wholly below every other's (quiet samples only)."""
+    if len(names) < 2 or any(len(quiet[n]) < 2 for n in names):
+        return len(names) == 1
+    s = sorted((summarize(np.asarray(quiet[n]) / 1e6) for n in names), key=lambda x: x.median)
+    return all(s[0].ci_high < other.ci_low for other in s[1:])
 
 
 def _left_out(m: Measurement, exc: BaseException) -> None:

@@ -1,15 +1,19 @@
 """The optimized backend as run.py uses it: strategies, the cached tuning decision, AIO_PROCESS_MODE."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import ROOT, run_cli
 
 from aio_examples import benchmark
 from aio_examples.backends import aio
+from aio_examples.machine.contention import CONTENDED_CORES
+from aio_examples.measurement import timing
 
 
 class Mlp(torch.nn.Module):
@@ -22,7 +26,7 @@ class Mlp(torch.nn.Module):
 
 
 def test_tuning_picks_a_strategy_once_and_reuses_the_cached_decision(tmp_path, monkeypatch):
-    monkeypatch.setattr(aio, "BUSY_LIMIT_CORES", float("inf"))      # whatever else the machine runs now
+    monkeypatch.setattr(timing, "TUNING_CONTENDED_CORES", float("inf"))   # whatever else the machine runs now
     torch.manual_seed(0)
     model = Mlp().eval()
     inputs = (torch.randn(4, 32),)
@@ -37,19 +41,64 @@ def test_tuning_picks_a_strategy_once_and_reuses_the_cached_decision(tmp_path, m
     assert again.check["passed"]
 
 
-def test_a_decision_tuned_while_another_process_holds_a_core_is_used_but_not_cached(tmp_path):
+def hogs(cpus) -> list:
+    """A busy loop pinned to each of `cpus`."""
+    return [subprocess.Popen(["taskset", "-c", str(c), sys.executable, "-c", "while True: pass"]) for c in cpus]
+
+
+def quick_tuning(monkeypatch):
+    """Tuning that gives up on a busy machine within seconds (its rounds and waits as run.py has them, shorter)."""
+    monkeypatch.setattr(timing, "QUIET_WAIT_S", 1.0)
+    monkeypatch.setattr(timing, "TUNING_TIMEOUT_S", 1.0)
+
+
+def test_tuning_on_a_machine_busy_throughout_is_provisional_and_not_cached(monkeypatch):
+    quick_tuning(monkeypatch)
     torch.manual_seed(1)
     model = Mlp().eval()
     inputs = (torch.randn(3, 32),)
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    busy = hogs(os.sched_getaffinity(0))
     try:
         r = benchmark(model, example_inputs=inputs, backend="aio", threads=1, num_runs=3)
     finally:
-        hog.kill()
+        for hog in busy:
+            hog.kill()
     assert r.status == "ok", r.reason
     tuning = r.backend_info["tuning"]
-    assert tuning["busy_elsewhere_cores"] > aio.BUSY_LIMIT_CORES and "not_saved" in tuning
+    assert not tuning["quiet"] and tuning["busy_elsewhere_cores"] > tuning["round_limit_cores"]
+    assert all(dropped > 0 for kept, dropped in tuning["rounds_kept_dropped"].values())
+    assert "provisional" in tuning and "fastest under contention" in tuning["provisional"]
     assert not Path(tuning["file"]).exists()
+
+
+def test_a_busy_machine_keeps_the_decision_taken_before_under_other_library_versions(monkeypatch):
+    """The decision of a quiet run whose key differs only in library versions (an upgrade since) wins over
+    timings taken while other processes held every core."""
+    torch.manual_seed(4)
+    model = Mlp().eval()
+    inputs = (torch.randn(5, 32),)
+    monkeypatch.setattr(timing, "TUNING_CONTENDED_CORES", float("inf"))
+    first = benchmark(model, example_inputs=inputs, backend="aio", threads=1, num_runs=3).backend_info["tuning"]
+    folder = Path(first["file"]).parent
+    key = json.loads((folder / "key.json").read_text())
+    older = folder.with_name(folder.name[:-4] + "0ld0")       # the same model's folder under an older torch
+    older.mkdir()
+    (older / "key.json").write_text(json.dumps({**key, "versions": {**key["versions"], "torch": "2.12.0"}}))
+    # the prior names the strategy this run is least likely to pick on its own
+    slowest = max(first["medians_ms"], key=first["medians_ms"].get)
+    (older / "decision.json").write_text(json.dumps({"strategy": slowest}))
+    Path(first["file"]).unlink()
+    monkeypatch.setattr(timing, "TUNING_CONTENDED_CORES", CONTENDED_CORES)
+    quick_tuning(monkeypatch)
+    busy = hogs(os.sched_getaffinity(0))
+    try:
+        r = benchmark(model, example_inputs=inputs, backend="aio", threads=1, num_runs=3)
+    finally:
+        for hog in busy:
+            hog.kill()
+    tuning = r.backend_info["tuning"]
+    assert r.strategy == slowest and tuning["prior_decision"] == str(older / "decision.json")
+    assert "other versions" in tuning["provisional"] and not Path(tuning["file"]).exists()
 
 
 def test_prepared_outside_the_runner_it_takes_the_first_strategy_untuned_and_caches_nothing():
@@ -110,7 +159,7 @@ def test_tuning_keeps_no_strategy_whose_outputs_fail_the_check(monkeypatch):
     from aio_examples.backends import BACKENDS, PrepareContext
     from aio_examples.measurement.timing import time_passes
 
-    monkeypatch.setattr(aio, "BUSY_LIMIT_CORES", float("inf"))
+    monkeypatch.setattr(timing, "TUNING_CONTENDED_CORES", float("inf"))
     torch.manual_seed(3)
     inputs = (torch.randn(2, 32),)
 
@@ -125,3 +174,30 @@ def test_tuning_keeps_no_strategy_whose_outputs_fail_the_check(monkeypatch):
     assert info["tuning"]["refused"]["compiled"] == "outputs fail the output check: wrong"
     info = tuned(lambda out, precision: "wrong", "checked-all")
     assert info["strategy"] in info["tuning"]["medians_ms"] and "every strategy" in info["tuning"]["output_check"]
+
+
+# Busy for a second, idle for a second, over and over: some tuning rounds are taken whole, others left alone.
+BURSTS = ("import time\nwhile True:\n    t = time.monotonic()\n    while time.monotonic() - t < 1.0:\n        pass\n"
+          "    time.sleep(1.0)")
+
+
+@pytest.mark.slow
+def test_bursts_of_other_work_during_tuning_do_not_change_its_choice(tmp_path, monkeypatch):
+    torch.manual_seed(5)
+    model = Mlp().eval()
+    inputs = (torch.randn(4, 32),)
+    monkeypatch.setenv("AIO_CACHE_DIR", str(tmp_path / "quiet"))
+    quiet = benchmark(model, example_inputs=inputs, backend="aio", threads=2, num_runs=3)
+    assert quiet.backend_info["tuning"]["clear"], quiet.backend_info["tuning"]
+    monkeypatch.setenv("AIO_CACHE_DIR", str(tmp_path / "busy"))
+    bursts = [subprocess.Popen(["taskset", "-c", str(c), sys.executable, "-c", BURSTS])
+              for c in os.sched_getaffinity(0)]
+    try:
+        busy = benchmark(model, example_inputs=inputs, backend="aio", threads=2, num_runs=3)
+    finally:
+        for p in bursts:
+            p.kill()
+    tuning = busy.backend_info["tuning"]
+    assert sum(dropped for _, dropped in tuning["rounds_kept_dropped"].values()) > 0, tuning   # the bursts were seen
+    assert busy.strategy == quiet.strategy, (quiet.backend_info["tuning"], tuning)
+    assert tuning["quiet"] and not tuning["cached"] and Path(tuning["file"]).exists()
