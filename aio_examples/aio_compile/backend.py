@@ -1,5 +1,6 @@
 """The compiler function behind backend "aio", and the module preparation that goes with it."""
 
+import operator
 from collections import Counter
 
 import torch
@@ -51,18 +52,40 @@ def aio_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None =
     report["graph_ops"] = dict(Counter(k for k in map(passes.op_kind, lifted.graph.nodes) if k))
 
     patches = {**(list_mode_options(mode) if mode else {}), "freezing": True, "cpp.threads": threads}
+    if opts.cpp_wrapper:
+        patches["cpp_wrapper"] = True
+    if opts.max_autotune:           # inductor's CPU GEMM templates against ATen's, each shape benchmarked once
+        patches.update(max_autotune=True, max_autotune_gemm_backends="CPP,ATEN")
     lowered = _qlinear_lowered()
     with torch._inductor.config.patch(patches):
         compiled = compile_fx(lifted, [example_inputs[i] for i in keep])
-    report["inductor"] = {"freezing": freezing, "cpp_threads": threads}
+    report["inductor"] = {"freezing": freezing, "cpp_threads": threads, "cpp_wrapper": opts.cpp_wrapper,
+                          "max_autotune": opts.max_autotune}
     if "quantize_int8" in report:
         report["quantize_int8"]["onednn_int8_linears"] = _qlinear_lowered() - lowered
     reports.record(opts.modelname, options, report)
     if len(keep) == len(example_inputs):
         return compiled
+    # Dynamo guards no parameter's identity unless inductor's freezing is on globally while it traces, so
+    # another instance of the same module class (other weights, the same code) reaches this graph and its
+    # weights arrive as the inputs folded away: this graph would answer with the first instance's weights.
+    # So the folded inputs are checked by identity (a few microseconds for hundreds of tensors), and other
+    # weights get a graph of their own.
+    folded = [i for i in range(len(example_inputs)) if i not in set(keep)]
+    pick_folded = operator.itemgetter(*folded)
+    own = pick_folded(example_inputs) if len(folded) > 1 else (example_inputs[folded[0]],)
+    others: list = []       # (the folded inputs, the graph compiled for them)
 
     def run(*args):
-        return compiled(*[args[i] for i in keep])
+        seen = pick_folded(args) if len(folded) > 1 else (args[folded[0]],)
+        if all(map(operator.is_, seen, own)):
+            return compiled(*[args[i] for i in keep])
+        for weights, fn in others:
+            if all(map(operator.is_, seen, weights)):
+                return fn(*args)
+        fn = aio_backend(gm, list(args), options, mode)
+        others.append((seen, fn))
+        return fn(*args)
 
     return run
 

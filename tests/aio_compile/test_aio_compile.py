@@ -207,3 +207,17 @@ print(json.dumps({"torch_on_import": torch_imported_by_package, "ok": ok, "provi
     assert result["ok"] is True
     assert result["provider"] == "aio_examples"
     assert result["report"]["constants"] == 2 and result["report"]["inductor"]["freezing"] is True
+
+
+def test_another_instance_of_the_same_module_class_gets_its_own_weights():
+    """Dynamo reuses a graph for another instance of the same class; the folded weights must not be the first's."""
+    torch.manual_seed(0)
+    first, second = torch.nn.Linear(16, 4).eval(), torch.nn.Linear(16, 4).eval()
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        out_first = torch.compile(first, backend="aio")(x)
+        out_second = torch.compile(second, backend="aio")(x)
+        again_first = torch.compile(first, backend="aio")(x)
+        torch.testing.assert_close(out_first, first(x))
+        torch.testing.assert_close(out_second, second(x))
+        torch.testing.assert_close(again_first, first(x))
