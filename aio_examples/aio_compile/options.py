@@ -31,7 +31,7 @@ INT8_OUT_DTYPES = ("FP32", "FP16", "BF16")
 FP16_DTYPES = ("AUTO", "FP16", "BF16")
 
 OPTION_KEYS = ("modelname", "threads", "merge_linear", "implicit_fp16_filter", "implicit_fp16_dtype",
-               "quantize_int8_filter", "int8_out_dtype")
+               "quantize_int8_filter", "int8_out_dtype", "cpp_wrapper", "max_autotune")
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,9 @@ class AioOptions:
     int8_filter: str | None = None
     int8_kinds: frozenset = frozenset()
     int8_out_dtype: str = "FP32"
+    # inductor's own settings (options only, no variable): the optimized backend tries them as tuning knobs
+    cpp_wrapper: bool = False       # the graph's kernels called from generated C++, not Python
+    max_autotune: bool = False      # GEMMs from autotuned C++ templates (AMX/AVX-512 microkernels) or ATen
 
     def to_dict(self) -> dict:
         """What the report records: the settings as given and the op kinds they selected."""
@@ -52,7 +55,8 @@ class AioOptions:
                 "implicit_fp16_filter": self.fp16_filter, "implicit_fp16_kinds": sorted(self.fp16_kinds),
                 "implicit_fp16_dtype": self.fp16_dtype,
                 "quantize_int8_filter": self.int8_filter, "quantize_int8_kinds": sorted(self.int8_kinds),
-                "int8_out_dtype": self.int8_out_dtype}
+                "int8_out_dtype": self.int8_out_dtype, "cpp_wrapper": self.cpp_wrapper,
+                "max_autotune": self.max_autotune}
 
 
 def _names(kinds) -> str:
@@ -82,7 +86,7 @@ def _flag(label: str, raw) -> bool:
     text = str(raw).strip()
     if text in ("0", "1"):
         return text == "1"
-    raise UsageError(f"{label}={raw!r} is invalid; accepted: 1 (merge, the default) or 0 (off)")
+    raise UsageError(f"{label}={raw!r} is invalid; accepted: 1 (on) or 0 (off)")
 
 
 def _dtype(label: str, raw, accepted: tuple[str, ...]) -> str:
@@ -122,4 +126,6 @@ def resolve_options(options: dict | None = None, environ=None) -> AioOptions:
     threads = _threads(options["threads"]) if options.get("threads") is not None else None
     return AioOptions(modelname=str(options.get("modelname", "model")), threads=threads, merge_linear=merge,
                       fp16_filter=fp16_filter, fp16_kinds=fp16_kinds, fp16_dtype=fp16_dtype, int8_filter=int8_filter,
-                      int8_kinds=int8_kinds, int8_out_dtype=out_dtype)
+                      int8_kinds=int8_kinds, int8_out_dtype=out_dtype,
+                      cpp_wrapper=_flag("options['cpp_wrapper']", options.get("cpp_wrapper", False)),
+                      max_autotune=_flag("options['max_autotune']", options.get("max_autotune", False)))

@@ -64,6 +64,9 @@ class PrepareContext:
     batch_size: int
     weights_id: str             # digest of the weights: part of every cache key
     calibration: Callable[[int], list] | None = None   # n -> n input tuples for int8 calibration
+    # Engine settings a backend choosing among strategies asks for beyond the defaults (KNOBS in
+    # backends/optimized.py): e.g. {"allow_spinning": False} for ONNX Runtime. A backend honours those it knows.
+    knobs: dict = field(default_factory=dict)
     # (named zero-argument pass functions, threads) -> what timing them alike found (timing.Tuned: the median ms
     # of each that ran, from rounds other processes left alone, and whether the winner is clear): how a backend
     # choosing among strategies times them. The runner hands in its own (timing.time_passes), so backends

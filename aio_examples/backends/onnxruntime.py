@@ -64,7 +64,7 @@ class OnnxRuntimeBackend(Backend):
         # ORT opens its profile file when the session is made and fills it only when profiling ends: a session
         # that fails to load or to run would leave it behind, one file per unsupported point.
         with tempfile.TemporaryDirectory(prefix="aio-ort-profile-") as profile_dir:
-            sess = make_session(path, threads, profile_dir=profile_dir)
+            sess = make_session(path, threads, profile_dir=profile_dir, knobs=ctx.knobs)
             graph_inputs = {i.name for i in sess.get_inputs()}   # an exporter may drop inputs the graph never reads
 
             def feeds(tensors) -> dict:
@@ -92,15 +92,16 @@ class OnnxRuntimeBackend(Backend):
             return sess.run(None, dict(zip(names, arrays)))
 
         def profile(passes, trace):
-            return "onnxruntime session profiling", *_node_profile(path, threads, feed, passes, trace)
+            return "onnxruntime session profiling", *_node_profile(path, threads, feed, passes, trace, ctx.knobs)
 
         return Prepared(run, arrays, mode, info, convert=lambda tensors: tuple(feeds(tensors).values()),
                         profile=profile)
 
 
-def make_session(path: Path, threads: int, profile_dir: str | None = None):
+def make_session(path: Path, threads: int, profile_dir: str | None = None, knobs: dict | None = None):
     """A CPU session with exactly `threads` intra-op threads, sequential, all graph optimizations on; profiled
-    into `profile_dir` when given."""
+    into `profile_dir` when given. `knobs`: `allow_spinning` False (idle threads sleep at once instead of
+    spinning for the next op), `graph_optimization` "extended" (no layout transformations to NCHWc)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -108,6 +109,11 @@ def make_session(path: Path, threads: int, profile_dir: str | None = None):
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    knobs = knobs or {}
+    if "allow_spinning" in knobs:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if knobs["allow_spinning"] else "0")
+    if knobs.get("graph_optimization") == "extended":
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     # ORT's failures reach the caller as exceptions; its own log lines (e.g. a failed session complaining it
     # has no profile to write) only when debugging.
     so.log_severity_level = 1 if logger.isEnabledFor(logging.DEBUG) else 4
@@ -128,7 +134,15 @@ def session_info(sess) -> dict:
     so = sess.get_session_options()
     return {"intra_op_num_threads": so.intra_op_num_threads, "inter_op_num_threads": so.inter_op_num_threads,
             "execution_mode": so.execution_mode.name, "graph_optimization_level": so.graph_optimization_level.name,
-            "providers": sess.get_providers()}
+            "allow_spinning": _config_entry(so, "session.intra_op.allow_spinning"), "providers": sess.get_providers()}
+
+
+def _config_entry(so, key: str) -> str:
+    """A session configuration entry as the session has it, or "default" when none was set."""
+    try:
+        return so.get_session_config_entry(key)
+    except RuntimeError:          # ORT's way of saying the key was never set
+        return "default"
 
 
 def _to_numpy(tensor):
@@ -158,12 +172,13 @@ def _profiled_kernels(sess, feed: dict) -> list[tuple[str, tuple]]:
     return kernels
 
 
-def _node_profile(path: Path, threads: int, feed: dict, passes: int, trace) -> tuple[list[dict], Path | None]:
+def _node_profile(path: Path, threads: int, feed: dict, passes: int, trace,
+                  knobs: dict | None = None) -> tuple[list[dict], Path | None]:
     """Per op type, the time of its nodes per pass, from a profiled session of its own (`passes` runs); its
     Chrome trace copied to `trace`."""
     rows: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="aio-ort-profile-") as profile_dir:
-        sess = make_session(path, threads, profile_dir=profile_dir)
+        sess = make_session(path, threads, profile_dir=profile_dir, knobs=knobs)
         for _ in range(passes):
             sess.run(None, feed)
         written = Path(sess.end_profiling())

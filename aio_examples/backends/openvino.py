@@ -31,6 +31,11 @@ _GENERATION = ("text generation updates a static KV cache in place between steps
                "an OpenVINO IR of one step has no such state")
 
 
+# Properties the optimized backend may try beyond the defaults (backends/optimized.py KNOBS): the knob's name
+# there -> OpenVINO's property
+KNOB_PROPERTIES = {"cpu_pinning": "ENABLE_CPU_PINNING", "denormals_optimization": "CPU_DENORMALS_OPTIMIZATION"}
+
+
 class OpenVinoBackend(Backend):
     name = "openvino"
     description = "OpenVINO IR from the torch module, CPU plugin, latency hint, pinned inference precision"
@@ -79,7 +84,8 @@ class OpenVinoBackend(Backend):
             mode = "int8-nncf-ptq"
 
         config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1,
-                  "INFERENCE_PRECISION_HINT": hint}
+                  "INFERENCE_PRECISION_HINT": hint,
+                  **{KNOB_PROPERTIES[k]: v for k, v in ctx.knobs.items() if k in KNOB_PROPERTIES}}
         compiled = core.compile_model(core.read_model(xml), "CPU", config)
         read_back = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
         threads_read = int(compiled.get_property("INFERENCE_NUM_THREADS"))
@@ -90,7 +96,8 @@ class OpenVinoBackend(Backend):
                                    "(it caps threads at the cores it can use)")
         info.update(precision_hint_asked=hint, precision_hint_read_back=read_back, threads_read_back=threads_read,
                     performance_hint=str(compiled.get_property("PERFORMANCE_HINT")),
-                    num_streams=int(compiled.get_property("NUM_STREAMS")), outputs="copied each pass")
+                    num_streams=int(compiled.get_property("NUM_STREAMS")), outputs="copied each pass",
+                    **{k: str(compiled.get_property(KNOB_PROPERTIES[k])) for k in ctx.knobs if k in KNOB_PROPERTIES})
         if precision == "int8":
             info["int8_layers"] = _int8_layers(compiled)
 

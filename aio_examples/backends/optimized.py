@@ -9,9 +9,11 @@ or int8 kernels for the ops the `AIO_*` filters select) or the runtimes' own fp1
 """
 
 import copy
+import dataclasses
 import json
 import os
 import platform
+import time
 
 from ..core.errors import UnsupportedError, UsageError, short_error
 from ..core.log import logger
@@ -45,6 +47,38 @@ def strategies_for(model, engines: dict | None = None) -> tuple:
 
 MEMORY_MARGIN = 1 << 30     # bytes left free when deciding whether another strategy fits
 
+# Settings tried on the chosen strategy beyond its defaults, one at a time, each on a preparation of its own
+# timed against the settings kept so far (interleaved, in quiet rounds): kept only when faster beyond noise,
+# so one that does not help on this machine and model costs tuning time and nothing else. A backend honours
+# those it knows (PrepareContext.knobs); what each did is in backend_info.tuning.knobs.
+KNOBS = {
+    # inductor: kernels called from generated C++ rather than Python (per-pass overhead of small graphs);
+    # GEMMs from autotuned C++ templates (AMX/AVX-512 microkernels); a conv net in its default layout
+    "compiled": (("cpp_wrapper", True), ("max_autotune", True), ("channels_last", False)),
+    # ONNX Runtime: idle intra-op threads sleep instead of spinning; no NCHWc layout transformation
+    "onnxruntime": (("allow_spinning", False), ("graph_optimization", "extended")),
+    # OpenVINO: threads not pinned to cores; denormals flushed to zero
+    "openvino": (("cpu_pinning", False), ("denormals_optimization", True)),
+}
+KNOB_BUDGET_S = 180.0       # seconds of knob trials (preparing and timing) before the rest are left untried
+KNOB_MIN_GAIN = 0.01        # a knob is kept when it is this much faster, beyond noise: not for a tie split finely
+
+
+def knob_settings() -> tuple[bool, float]:
+    """`AIO_TUNE_KNOBS` (1, the default: try KNOBS on the chosen strategy; 0: its defaults only) and
+    `AIO_KNOB_BUDGET_S` (seconds, default 180)."""
+    on = os.environ.get("AIO_TUNE_KNOBS", "1").strip()
+    if on not in ("0", "1"):
+        raise UsageError(f"AIO_TUNE_KNOBS={on!r} is invalid; accepted: 1 (try the knobs, the default) or 0")
+    raw = os.environ.get("AIO_KNOB_BUDGET_S", str(KNOB_BUDGET_S)).strip()
+    try:
+        budget = float(raw)
+    except ValueError:
+        budget = -1.0
+    if not budget >= 0:
+        raise UsageError(f"AIO_KNOB_BUDGET_S={raw!r} is invalid; accepted: seconds, a number >= 0")
+    return on == "1", budget
+
 
 def process_mode() -> bool:
     """`AIO_PROCESS_MODE`: 1 (default) runs the optimized backend, 0 falls back to eager."""
@@ -70,15 +104,18 @@ class AioBackend(Backend):
         from .artifacts import describe_inputs
 
         env = capture({})
+        knobs_on, _ = knob_settings()
         key = {"inputs": describe_inputs(example_inputs), "precision": precision, "threads": threads,
                "cpu": f"{env.get('cpu_model')}|{platform.machine()}|{','.join(env.get('isa') or [])}",
                "versions": env["versions"], "strategies": list(strategies_for(model, self.engines)),
-               "output_checked": ctx.check is not None}      # decisions taken without the check are not reused
+               "output_checked": ctx.check is not None,      # decisions taken without the check are not reused
+               "knobs_tuned": knobs_on}
         decision_file = _decision_file(ctx.model_name, key)
         cached = _load_decision(decision_file)
         if cached and cached["strategy"] in strategies_for(model, self.engines):
             try:
-                prepared = self._prepare_strategy(cached["strategy"], model, example_inputs, precision, threads, ctx)
+                prepared = self._prepare_strategy(cached["strategy"], model, example_inputs, precision, threads,
+                                                  dataclasses.replace(ctx, knobs=cached.get("knobs") or {}))
             except UnsupportedError:
                 logger.info("cached strategy %s no longer runs; tuning again", cached["strategy"])
             else:
@@ -93,8 +130,6 @@ class AioBackend(Backend):
 
         Without `ctx.time_passes` (prepare called outside the runner) the first strategy that runs is taken,
         untuned, and nothing is cached."""
-        import torch
-
         from .int8 import is_generation_step
 
         prepared, refused, wrong = {}, {}, {}
@@ -120,13 +155,9 @@ class AioBackend(Backend):
                 continue
             try:
                 # The last strategy takes the model handed in (it is this backend's own copy): one copy fewer
-                own = model if last else (engine.working_copy(model, precision) if engine else copy.deepcopy(model))
-                p = self._prepare_strategy(strategy, own, example_inputs, precision, threads, ctx)
-                one_pass = ctx.make_pass(p) if ctx.make_pass else (lambda p=p: p.fn(*p.inputs))
-                if p.compiles_on_first_call or checked:
-                    with torch.no_grad():
-                        output = one_pass()
-                failed = ctx.check(output, precision) if checked else None
+                own = model if last else self._copy(strategy, model, precision)
+                p, one_pass, failed = self._prepare_checked(strategy, own, example_inputs, precision, threads, ctx,
+                                                            checked)
                 if failed:                    # fast but wrong: chosen only when every strategy is
                     refused[strategy] = f"outputs fail the output check: {failed}"
                     wrong[strategy] = (p, one_pass)
@@ -143,17 +174,90 @@ class AioBackend(Backend):
         if not prepared:
             raise UnsupportedError("no aio strategy runs this model at " + precision + ": "
                                    + "; ".join(f"{k}: {v}" for k, v in refused.items()))
+        knobs = False
         if ctx.time_passes is None:
             best = next(iter(prepared))
             tuning = {"not_tuned": "no timing function handed in", "refused": refused}
             logger.warning("aio: no timing function handed in (PrepareContext.time_passes): running %s untuned", best)
         else:
-            best, tuning = _choose(prepared, refused, ctx.time_passes, threads, decision_file, key)
+            knobs = key.get("knobs_tuned") and best_has_knobs(prepared, model)
+            best, tuning = _choose(prepared, refused, ctx.time_passes, threads, decision_file, key, save=not knobs)
         if all_wrong:
             tuning["output_check"] = "every strategy that ran failed the output check: the fastest was kept"
-        chosen = prepared[best][0]
+        chosen = prepared[best]
+        if ctx.time_passes is not None and knobs and best in KNOBS and not all_wrong and "provisional" not in tuning:
+            prepared = wrong = None             # the strategies not chosen: their memory, for the trials
+            chosen = self._tune_knobs(best, chosen, model, weights, example_inputs, precision, threads, ctx,
+                                      checked, tuning)
+        if knobs and "not_saved" not in tuning:      # _choose left the saving to after the knob stage
+            _save_decision(decision_file, {k: v for k, v in tuning.items() if k not in ("cached", "file")})
+        chosen = chosen[0]
         chosen.info.update({"strategy": best, "tuning": tuning})
         chosen.compiles_on_first_call = False     # already compiled above
+        return chosen
+
+    def _copy(self, strategy, model, precision):
+        """A strategy's own copy of the model handed in (a runtime's working copy, else a deep copy)."""
+        engine = self.engines.get(strategy)
+        return engine.working_copy(model, precision) if engine else copy.deepcopy(model)
+
+    def _prepare_checked(self, strategy, own, example_inputs, precision, threads, ctx, checked: bool):
+        """(prepared, its pass, why its first output fails the output check or None): compiled by a first pass
+        where it compiles on its first call, checked when `checked`."""
+        import torch
+
+        p = self._prepare_strategy(strategy, own, example_inputs, precision, threads, ctx)
+        one_pass = ctx.make_pass(p) if ctx.make_pass else (lambda p=p: p.fn(*p.inputs))
+        if p.compiles_on_first_call or checked:
+            with torch.no_grad():
+                output = one_pass()
+        return p, one_pass, (ctx.check(output, precision) if checked else None)
+
+    def _tune_knobs(self, strategy, chosen: tuple, model, weights: int, example_inputs, precision, threads, ctx,
+                    checked: bool, tuning: dict) -> tuple:
+        """Try each of the strategy's KNOBS on a preparation of its own, timed against the settings kept so far:
+        keep it when it wins beyond noise in quiet rounds. Returns the (prepared, pass) kept; fills
+        `tuning["knobs"]` (the settings kept) and `tuning["knob_trials"]` (each knob: what was timed, or why not),
+        and marks the decision not to be saved when a trial's rounds were not quiet."""
+        import gc
+
+        import torch
+
+        budget = knob_settings()[1]
+        kept, trials, start = {}, {}, time.monotonic()
+        for name, value in KNOBS[strategy]:
+            trial = trials[name] = {"value": value}
+            spent = time.monotonic() - start
+            short = _memory_short(weights * 2)
+            if spent > budget or short:
+                trial["not_tried"] = short or f"the knob budget ({budget:.0f} s, AIO_KNOB_BUDGET_S) was spent"
+                continue
+            try:
+                p, one_pass, failed = self._prepare_checked(
+                    strategy, self._copy(strategy, model, precision), example_inputs, precision, threads,
+                    dataclasses.replace(ctx, knobs={**kept, name: value}), checked)
+            except UsageError:
+                raise
+            except Exception as exc:  # noqa: BLE001  (a knob this model or engine cannot take is not kept)
+                trial["not_tried"] = short_error(exc)
+                continue
+            if failed:
+                trial["not_tried"] = f"outputs fail the output check: {failed}"
+                continue
+            with torch.no_grad():
+                timed = ctx.time_passes({"kept": chosen[1], name: one_pass}, threads)
+            without, with_ = timed.medians.get("kept"), timed.medians.get(name)
+            gain = without / with_ - 1 if without and with_ else None
+            trial.update(ms={"without": without, "with": with_}, gain=None if gain is None else round(gain, 4),
+                         clear=timed.clear, quiet=timed.quiet)
+            trial["kept"] = bool(timed.quiet and timed.clear and gain is not None and gain >= KNOB_MIN_GAIN)
+            if not timed.quiet:
+                tuning.setdefault("not_saved", f"the rounds timing knob {name} were not quiet; the next run tunes again")
+            if trial["kept"]:
+                kept[name], chosen = value, (p, one_pass)
+            del p, one_pass
+            gc.collect()
+        tuning.update(knobs=kept, knob_trials=trials, knob_tuning_s=round(time.monotonic() - start, 1))
         return chosen
 
     def _prepare_strategy(self, strategy, model, example_inputs, precision, threads, ctx) -> Prepared:
@@ -179,7 +283,15 @@ def _memory_short(need: float) -> str | None:
     return None
 
 
-def _choose(prepared: dict, refused: dict, time_passes, threads: int, decision_file, key: dict) -> tuple[str, dict]:
+def best_has_knobs(prepared: dict, model) -> bool:
+    """Whether a knob stage may follow the choice: some prepared strategy has KNOBS (not a generation step)."""
+    from .int8 import is_generation_step
+
+    return any(s in KNOBS for s in prepared) and not is_generation_step(model)
+
+
+def _choose(prepared: dict, refused: dict, time_passes, threads: int, decision_file, key: dict,
+            save: bool = True) -> tuple[str, dict]:
     """Time the prepared strategies (time_passes: in rounds other processes left alone, until the winner is
     clear) and keep the fastest. Cached unless a strategy was not tried or the rounds were not quiet enough:
     then the choice is provisional, and a decision taken before for the same model, inputs, precision,
@@ -209,7 +321,7 @@ def _choose(prepared: dict, refused: dict, time_passes, threads: int, decision_f
             + (f"kept the decision taken before under {prior['why']}" if prior else "the fastest under contention")
             + "; the next run tunes again")
         tuning["not_saved"] = tuning["provisional"]
-    else:
+    elif save:                  # else the caller saves, once the knob stage has run
         _save_decision(decision_file, decision)
     if "not_saved" in tuning:
         logger.warning("aio tuning: %s", tuning["not_saved"])
@@ -240,6 +352,8 @@ def _prior_decision(decision_file, key: dict, prepared: dict) -> dict | None:
 
 def _compiled(model, example_inputs, precision, threads, ctx, inductor: Backend | None = None) -> Prepared:
     """torch.compile(backend="aio") with the precision's implicit mode, channels-last for conv nets."""
+    import torch
+
     from .. import aio_compile
     from ..core import precision as prec
     from .int8 import is_conv_net, is_generation_step
@@ -248,6 +362,11 @@ def _compiled(model, example_inputs, precision, threads, ctx, inductor: Backend 
     inputs, mode = example_inputs, "native"
     if is_generation_step(model):
         return _compiled_generation(model, example_inputs, precision, options)
+    knobs = dict(ctx.knobs)
+    channels_last = knobs.pop("channels_last", None)
+    if channels_last is not None and not any(isinstance(m, torch.nn.Conv2d) for m in model.modules()):
+        raise UnsupportedError("the layout knob applies to conv nets, and this model has no Conv2d")
+    options.update(knobs)         # inductor's cpp_wrapper, max_autotune
     if precision == "bf16":
         model, inputs, mode = prec.cast(model, example_inputs, "bf16")
     elif precision == "fp16":
@@ -259,15 +378,15 @@ def _compiled(model, example_inputs, precision, threads, ctx, inductor: Backend 
             # fp32: conv nets take static PT2E int8 lowered by inductor instead.
             if inductor is None:
                 raise UnsupportedError("int8 conv nets run on the inductor backend, and none was handed in")
+            if ctx.knobs:
+                raise UnsupportedError("the compiled strategy's knobs apply to aio's own graph, not to PT2E int8")
             prepared = inductor.prepare(model, example_inputs, precision, threads, ctx)
             prepared.info["int8_path"] = "PT2E static int8 lowered by inductor (conv net)"
             return prepared
         options["quantize_int8_filter"] = os.environ.get("AIO_QUANTIZE_INT8_FILTER") or ".*"
     aio_compile.resolve_options(options)          # bad AIO_* values stop here, before compiling
     provider = aio_compile.register()
-    model, inputs = aio_compile.prepare_module(model, inputs)
-    import torch
-
+    model, inputs = aio_compile.prepare_module(model, inputs, channels_last)
     compiled = torch.compile(model, backend="aio", options=options)
     info = {"provider": provider, "options": options, "passes": {}}
 

@@ -1,0 +1,110 @@
+"""aio's knob stage: each setting of the chosen strategy timed against the ones kept, kept only when it wins."""
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from aio_examples import benchmark
+from aio_examples.backends import optimized
+from aio_examples.measurement import runner, timing
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(32, 64), torch.nn.Linear(64, 8)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+@pytest.fixture
+def knobs_on(monkeypatch, tmp_path):
+    monkeypatch.setenv("AIO_TUNE_KNOBS", "1")
+    monkeypatch.setenv("AIO_CACHE_DIR", str(tmp_path))        # no decision of another test is reused
+    monkeypatch.setattr(timing, "TUNING_CONTENDED_CORES", float("inf"))     # whatever else the machine runs now
+
+
+def run(seed: int, batch: int = 4):
+    torch.manual_seed(seed)
+    return benchmark(Mlp().eval(), example_inputs=(torch.randn(batch, 32),), backend="aio", threads=1, num_runs=3)
+
+
+def test_each_knob_of_the_chosen_strategy_is_timed_and_kept_only_where_it_wins(knobs_on, monkeypatch):
+    monkeypatch.setattr(optimized, "STRATEGIES", ("onnxruntime",))
+    r = run(0)
+    assert r.status == "ok", r.reason
+    tuning = r.backend_info["tuning"]
+    trials = tuning["knob_trials"]
+    assert list(trials) == [name for name, _ in optimized.KNOBS["onnxruntime"]]
+    for name, trial in trials.items():
+        assert trial["ms"]["without"] > 0 and trial["ms"]["with"] > 0, trial
+        wins = trial["quiet"] and trial["clear"] and trial["gain"] >= optimized.KNOB_MIN_GAIN
+        assert trial["kept"] == wins, (name, trial)
+    assert tuning["knobs"] == {n: t["value"] for n, t in trials.items() if t["kept"]}
+    session = r.backend_info["session"]        # what the session read back: the knobs kept, and only those
+    assert (session["graph_optimization_level"] == "ORT_ENABLE_EXTENDED") == ("graph_optimization" in tuning["knobs"])
+    assert (session["allow_spinning"] == "0") == ("allow_spinning" in tuning["knobs"])
+    assert 0 < tuning["knob_tuning_s"] < 60
+
+
+def test_a_knob_that_wins_is_kept_applied_and_reused_from_the_cache(knobs_on, monkeypatch):
+    """The defaults are handicapped by 2 ms a pass (a real sleep, really timed): every knob trial wins, the first
+    knob kept is applied to the next trial and to the run, and the decision cached with it is reused as it is."""
+    monkeypatch.setattr(optimized, "STRATEGIES", ("onnxruntime",))
+    real = runner.time_passes
+
+    def handicapped(passes, threads):
+        if "kept" in passes:
+            slow = passes["kept"]
+            passes = {**passes, "kept": lambda: (time.sleep(0.002), slow())[1]}
+        return real(passes, threads)
+
+    monkeypatch.setattr(runner, "time_passes", handicapped)
+    first = run(1)
+    tuning = first.backend_info["tuning"]
+    assert tuning["knobs"] == {"allow_spinning": False, "graph_optimization": "extended"}, tuning["knob_trials"]
+    assert first.backend_info["session"]["allow_spinning"] == "0"
+    assert first.backend_info["session"]["graph_optimization_level"] == "ORT_ENABLE_EXTENDED"
+    assert first.check["passed"]
+    saved = json.loads(Path(tuning["file"]).read_text())
+    assert saved["knobs"] == tuning["knobs"] and saved["strategy"] == "onnxruntime"
+    monkeypatch.setattr(runner, "time_passes", real)
+    again = run(1)
+    assert again.backend_info["tuning"]["cached"] and again.backend_info["tuning"]["knobs"] == tuning["knobs"]
+    assert again.backend_info["session"]["allow_spinning"] == "0" and again.check["passed"]
+
+
+def test_knob_stage_off_tries_no_knob_and_keys_its_decision_apart(knobs_on, monkeypatch):
+    monkeypatch.setattr(optimized, "STRATEGIES", ("onnxruntime",))
+    on = run(2).backend_info["tuning"]
+    monkeypatch.setenv("AIO_TUNE_KNOBS", "0")
+    off = run(2).backend_info["tuning"]
+    assert "knob_trials" in on and "knob_trials" not in off
+    assert not off["cached"] and off["file"] != on["file"]       # a decision without knobs is not the same one
+
+
+def test_a_spent_budget_leaves_the_remaining_knobs_untried_and_says_so(knobs_on, monkeypatch):
+    monkeypatch.setattr(optimized, "STRATEGIES", ("openvino",))
+    monkeypatch.setenv("AIO_KNOB_BUDGET_S", "0.5")
+    trials = run(3).backend_info["tuning"]["knob_trials"]
+    first, *rest = trials.values()
+    assert "ms" in first                       # the budget is checked before each trial: spent after the first
+    assert rest and all("budget" in t["not_tried"] for t in rest), trials
+
+
+@pytest.mark.slow
+def test_the_compiled_strategys_knobs_compile_and_keep_the_outputs_right(knobs_on, monkeypatch):
+    """cpp_wrapper and max_autotune (inductor's C++ GEMM templates) really compiled; the layout knob refused for
+    a model without convolutions."""
+    monkeypatch.setattr(optimized, "STRATEGIES", ("compiled",))
+    r = run(4)
+    assert r.status == "ok" and r.check["passed"], r.reason
+    trials = r.backend_info["tuning"]["knob_trials"]
+    assert "ms" in trials["cpp_wrapper"] and "ms" in trials["max_autotune"], trials
+    assert "no Conv2d" in trials["channels_last"]["not_tried"]
+    inductor = r.backend_info["passes"]["inductor"]
+    assert inductor["cpp_wrapper"] == ("cpp_wrapper" in r.backend_info["tuning"]["knobs"])
