@@ -17,7 +17,11 @@ def _qlinear_lowered() -> int:
     return counters["inductor"]["qlinear_weight_prepack_matcher_count"]
 
 
-def aio_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, mode: str | None = None):
+FOLDED_GRAPHS_MAX = 4       # graphs with other instances' weights folded in; past it, one taking weights as inputs
+
+
+def aio_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None, mode: str | None = None,
+                fold: bool = True):
     """Compile one dynamo graph: the AIO_* passes, then inductor with freezing.
 
     The module's parameters and buffers become constants, as with inductor's freezing: inductor folds
@@ -34,7 +38,7 @@ def aio_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None =
     opts = resolve_options(options)
     threads = opts.threads or torch.get_num_threads()
     # With autograd on, weights must stay inputs that gradients reach: no constants, no freezing.
-    freezing = not torch.is_grad_enabled()
+    freezing = fold and not torch.is_grad_enabled()
     lifted, keep = passes.lift_constants(gm, example_inputs, enabled=freezing)
     report = {"provider": "aio_examples", "options": opts.to_dict(), "constants": len(example_inputs) - len(keep)}
     if opts.merge_linear:
@@ -70,11 +74,12 @@ def aio_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None =
     # another instance of the same module class (other weights, the same code) reaches this graph and its
     # weights arrive as the inputs folded away: this graph would answer with the first instance's weights.
     # So the folded inputs are checked by identity (a few microseconds for hundreds of tensors), and other
-    # weights get a graph of their own.
+    # weights get a graph of their own (a few; weights that are new objects at every call, one unfolded graph).
     folded = [i for i in range(len(example_inputs)) if i not in set(keep)]
     pick_folded = operator.itemgetter(*folded)
     own = pick_folded(example_inputs) if len(folded) > 1 else (example_inputs[folded[0]],)
     others: list = []       # (the folded inputs, the graph compiled for them)
+    unfolded = []
 
     def run(*args):
         seen = pick_folded(args) if len(folded) > 1 else (args[folded[0]],)
@@ -83,9 +88,12 @@ def aio_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None =
         for weights, fn in others:
             if all(map(operator.is_, seen, weights)):
                 return fn(*args)
-        fn = aio_backend(gm, list(args), options, mode)
-        others.append((seen, fn))
-        return fn(*args)
+        if len(others) < FOLDED_GRAPHS_MAX:
+            others.append((seen, aio_backend(gm, list(args), options, mode)))
+            return others[-1][1](*args)
+        if not unfolded:
+            unfolded.append(aio_backend(gm, list(args), options, mode, fold=False))
+        return unfolded[0](*args)
 
     return run
 
