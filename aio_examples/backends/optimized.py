@@ -132,6 +132,7 @@ class AioBackend(Backend):
         untuned, and nothing is cached."""
         from .int8 import is_generation_step
 
+        started = time.monotonic()
         prepared, refused, wrong = {}, {}, {}
         strategies = strategies_for(model, self.engines)
         weights = held_bytes(model)
@@ -189,6 +190,7 @@ class AioBackend(Backend):
             prepared = wrong = None             # the strategies not chosen: their memory, for the trials
             chosen = self._tune_knobs(best, chosen, model, weights, example_inputs, precision, threads, ctx,
                                       checked, tuning)
+        tuning["tuning_s"] = round(time.monotonic() - started, 1)     # preparing and timing it all, knobs too
         if knobs and "not_saved" not in tuning:      # _choose left the saving to after the knob stage
             _save_decision(decision_file, {k: v for k, v in tuning.items() if k not in ("cached", "file")})
         chosen = chosen[0]

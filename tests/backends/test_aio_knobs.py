@@ -48,7 +48,7 @@ def test_each_knob_of_the_chosen_strategy_is_timed_and_kept_only_where_it_wins(k
     session = r.backend_info["session"]        # what the session read back: the knobs kept, and only those
     assert (session["graph_optimization_level"] == "ORT_ENABLE_EXTENDED") == ("graph_optimization" in tuning["knobs"])
     assert (session["allow_spinning"] == "0") == ("allow_spinning" in tuning["knobs"])
-    assert 0 < tuning["knob_tuning_s"] < 60
+    assert 0 < tuning["knob_tuning_s"] <= tuning["tuning_s"]
 
 
 def test_a_knob_that_wins_is_kept_applied_and_reused_from_the_cache(knobs_on, monkeypatch):
