@@ -45,11 +45,15 @@ def main() -> int:
             rows.append(row)
             ok &= row["verdict"].startswith("PASS")
             print(_line(row), flush=True)
-    print("\n| model | precision | aio (strategy) | best baseline | aio / best (aio first, last) | verdict |")
-    print("|---|---|---|---|---|---|")
+    print("\n| model | precision | aio (strategy) | knobs kept | best baseline | aio / best (aio first, last) | verdict |")
+    print("|---|---|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row['model']} | {row['precision']} | {_ms(row['aio'])} ({row['strategy']}) | "
+        print(f"| {row['model']} | {row['precision']} | {_ms(row['aio'])} ({row['strategy']}) | {row['knobs']} | "
               f"{row['best']} {_ms(row['best_ms'])} | {_ratio(row)} ({row['orders']}) | {row['verdict']} |")
+    measured = [r for r in rows if r["aio"] and r["best_ms"]]
+    if measured:
+        speedup = _geomean([r["best_ms"] / r["aio"] for r in measured])
+        print(f"\naio's speed over the best baseline, geometric mean over {len(measured)} rows: {speedup:.3f}x")
     print("\nall PASS" if ok else "\nsome FAIL")
     return 0 if ok else 1
 
@@ -71,18 +75,25 @@ def _measure(model, precision, args, out, aio_first: bool) -> list[dict]:
     return [json.loads(line) for line in lines]
 
 
+def _knobs(record: dict) -> str:
+    """The knobs aio's tuning kept (backend_info.tuning.knobs), or "-"."""
+    kept = (record.get("backend_info") or {}).get("tuning", {}).get("knobs") or {}
+    return ", ".join(f"{k}={v}" for k, v in kept.items()) or "-"
+
+
 def _compare(model, precision, runs: list[list[dict]]) -> dict:
     """Combine the two preparation orders: geometric mean of each backend's medians over the runs."""
     bys = [{r["backend"]: r for r in records if r["precision"] == precision} for records in runs]
-    row = {"model": model, "precision": precision, "aio": None, "strategy": "-", "best": "-", "best_ms": None,
-           "orders": "-", "verdict": "FAIL"}
+    row = {"model": model, "precision": precision, "aio": None, "strategy": "-", "knobs": "-", "best": "-",
+           "best_ms": None, "orders": "-", "verdict": "FAIL"}
     aios = [by.get("aio") for by in bys]
     if not all(a and a["status"] == "ok" for a in aios):
         bad = next((a for a in aios if not a or a["status"] != "ok"), None)
         row["strategy"] = f"{bad['status']}: {bad['reason']}" if bad else "missing"
         return row
     row.update(aio=_geomean([a["latency_ms"]["median"] for a in aios]),
-               strategy="/".join(dict.fromkeys(a.get("strategy") or "-" for a in aios)))
+               strategy="/".join(dict.fromkeys(a.get("strategy") or "-" for a in aios)),
+               knobs="/".join(dict.fromkeys(_knobs(a) for a in aios)))
     baselines = {b: [by[b] for by in bys] for b in BASELINES
                  if all(b in by and by[b]["status"] == "ok" for by in bys)}
     if not baselines:

@@ -507,6 +507,7 @@ def test_nightly_fails_on_an_accuracy_regression(tmp_path):
 
 # ---------------------------------------------------------------- real runs
 
+@pytest.mark.slow       # the default tier stays under 15 minutes
 def test_real_runs_same_configuration_and_fewer_threads(tmp_path):
     """resnet_18 (eager, 224x224) measured for real: the same configuration in six processes, dealt alternately
     into two runs of three; then one process at 2 threads against one at 1 thread.
@@ -548,6 +549,7 @@ def test_real_runs_same_configuration_and_fewer_threads(tmp_path):
     assert doc["configurations"][0]["latency_change"]["rel"] > 0.2
 
 
+@pytest.mark.slow       # the default tier stays under 15 minutes
 def test_run_all_nightly_end_to_end(tmp_path):
     """run_all.sh --nightly twice on a tiny real sweep, then against a baseline twice as fast."""
     sweep = tmp_path / "tiny.toml"

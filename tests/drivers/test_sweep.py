@@ -247,6 +247,7 @@ def turn_starts(record: dict) -> list[float]:
     return [started for _, started in record["turns"]]
 
 
+@pytest.mark.slow       # the default tier stays under 15 minutes
 def test_points_taking_turns_interleave_their_rounds_and_one_that_dies_does_not_stop_the_others(tmp_path):
     """interleave = 3: the points' processes are alive together and measure in turns, so each point's turns
     fall between the others'; each turn is followed by the machine's readings (--probe); a point killed

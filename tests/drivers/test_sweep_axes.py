@@ -101,6 +101,7 @@ def test_bad_axis_keys_in_a_sweep_file_are_named(tmp_path, body, says):
     assert says in str(error.value) and "\n" not in str(error.value)
 
 
+@pytest.mark.slow       # the default tier stays under 15 minutes
 def test_a_tiny_llama_sweep_over_two_prompt_lengths_records_every_point_and_resumes(tmp_path):
     out = tmp_path / "sweep"
     args = ["-m", "aio_examples", "sweep", "llama_3_2_1b", "--backends", "eager", "--precisions", "fp32",

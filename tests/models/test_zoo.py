@@ -35,7 +35,8 @@ def test_the_zoo_has_every_required_model_with_a_run_py():
     assert ZOO["inception_v3"].default_shape == {"input_size": 299}
 
 
-@pytest.mark.parametrize("name", sorted(ZOO))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "llama_3_2_1b" else n
+                                  for n in sorted(ZOO)])   # the 1.2 B-parameter Llama: 20 s, in the slow tier
 def test_model_builds_and_runs_one_eager_pass(name):
     spec = ZOO[name].with_config(SMALL_CONFIGS.get(name))
     overrides = SMALL_SIZES.get(name) or SMALL.get(spec.task)
