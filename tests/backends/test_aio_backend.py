@@ -1,5 +1,6 @@
 """The optimized backend as run.py uses it: strategies, the cached tuning decision, AIO_PROCESS_MODE."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -41,9 +42,16 @@ def test_tuning_picks_a_strategy_once_and_reuses_the_cached_decision(tmp_path, m
     assert again.check["passed"]
 
 
-def hogs(cpus) -> list:
-    """A busy loop pinned to each of `cpus`."""
-    return [subprocess.Popen(["taskset", "-c", str(c), sys.executable, "-c", "while True: pass"]) for c in cpus]
+@contextlib.contextmanager
+def busy(script: str = "while True: pass"):
+    """`script` (a busy loop by default) running pinned to each CPU this process may use, while inside."""
+    procs = [subprocess.Popen(["taskset", "-c", str(c), sys.executable, "-c", script])
+             for c in os.sched_getaffinity(0)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
 
 
 def quick_tuning(monkeypatch):
@@ -57,12 +65,8 @@ def test_tuning_on_a_machine_busy_throughout_is_provisional_and_not_cached(monke
     torch.manual_seed(1)
     model = Mlp().eval()
     inputs = (torch.randn(3, 32),)
-    busy = hogs(os.sched_getaffinity(0))
-    try:
+    with busy():
         r = benchmark(model, example_inputs=inputs, backend="aio", threads=1, num_runs=3)
-    finally:
-        for hog in busy:
-            hog.kill()
     assert r.status == "ok", r.reason
     tuning = r.backend_info["tuning"]
     assert not tuning["quiet"] and tuning["busy_elsewhere_cores"] > tuning["round_limit_cores"]
@@ -90,12 +94,8 @@ def test_a_busy_machine_keeps_the_decision_taken_before_under_other_library_vers
     Path(first["file"]).unlink()
     monkeypatch.setattr(timing, "TUNING_CONTENDED_CORES", CONTENDED_CORES)
     quick_tuning(monkeypatch)
-    busy = hogs(os.sched_getaffinity(0))
-    try:
+    with busy():
         r = benchmark(model, example_inputs=inputs, backend="aio", threads=1, num_runs=3)
-    finally:
-        for hog in busy:
-            hog.kill()
     tuning = r.backend_info["tuning"]
     assert r.strategy == slowest and tuning["prior_decision"] == str(older / "decision.json")
     assert "other versions" in tuning["provisional"] and not Path(tuning["file"]).exists()
@@ -191,14 +191,9 @@ def test_bursts_of_other_work_during_tuning_do_not_change_its_choice(tmp_path, m
     quiet = benchmark(model, example_inputs=inputs, backend="aio", threads=2, num_runs=3)
     assert quiet.backend_info["tuning"]["clear"], quiet.backend_info["tuning"]
     monkeypatch.setenv("AIO_CACHE_DIR", str(tmp_path / "busy"))
-    bursts = [subprocess.Popen(["taskset", "-c", str(c), sys.executable, "-c", BURSTS])
-              for c in os.sched_getaffinity(0)]
-    try:
-        busy = benchmark(model, example_inputs=inputs, backend="aio", threads=2, num_runs=3)
-    finally:
-        for p in bursts:
-            p.kill()
-    tuning = busy.backend_info["tuning"]
+    with busy(BURSTS):
+        during = benchmark(model, example_inputs=inputs, backend="aio", threads=2, num_runs=3)
+    tuning = during.backend_info["tuning"]
     assert sum(dropped for _, dropped in tuning["rounds_kept_dropped"].values()) > 0, tuning   # the bursts were seen
-    assert busy.strategy == quiet.strategy, (quiet.backend_info["tuning"], tuning)
+    assert during.strategy == quiet.strategy, (quiet.backend_info["tuning"], tuning)
     assert tuning["quiet"] and not tuning["cached"] and Path(tuning["file"]).exists()
