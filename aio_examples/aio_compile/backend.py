@@ -76,13 +76,14 @@ def aio_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None =
     # So the folded inputs are checked by identity (a few microseconds for hundreds of tensors), and other
     # weights get a graph of their own (a few; weights that are new objects at every call, one unfolded graph).
     folded = [i for i in range(len(example_inputs)) if i not in set(keep)]
-    pick_folded = operator.itemgetter(*folded)
-    own = pick_folded(example_inputs) if len(folded) > 1 else (example_inputs[folded[0]],)
+    # itemgetter of one index gives the item, not a 1-tuple
+    pick_folded = operator.itemgetter(*folded) if len(folded) > 1 else (lambda xs: (xs[folded[0]],))
+    own = pick_folded(example_inputs)
     others: list = []       # (the folded inputs, the graph compiled for them)
     unfolded = []
 
     def run(*args):
-        seen = pick_folded(args) if len(folded) > 1 else (args[folded[0]],)
+        seen = pick_folded(args)
         if all(map(operator.is_, seen, own)):
             return compiled(*[args[i] for i in keep])
         for weights, fn in others:
