@@ -177,9 +177,10 @@ def test_tuning_keeps_no_strategy_whose_outputs_fail_the_check(monkeypatch):
     assert info["strategy"] in info["tuning"]["medians_ms"] and "every strategy" in info["tuning"]["output_check"]
 
 
-# Busy for a second, idle for a second, over and over: some tuning rounds are taken whole, others left alone.
-BURSTS = ("import time\nwhile True:\n    t = time.monotonic()\n    while time.monotonic() - t < 1.0:\n        pass\n"
-          "    time.sleep(1.0)")
+# Busy 0.8 s of every 2.5 s on every CPU at once (phases on the wall clock, so the CPUs' bursts line up and leave
+# common quiet windows whatever each process's start-up time): some tuning rounds are taken whole, others left alone.
+BURSTS = ("import time\nwhile True:\n    phase = time.time() % 2.5\n    if phase >= 0.8:\n"
+          "        time.sleep(2.5 - phase)\n")
 
 
 @pytest.mark.slow
