@@ -20,11 +20,13 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """Keep caches the harness writes (FLOPs, stand-in libraries) out of the user's home."""
     monkeypatch.setenv("AIO_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "aio-cache"))
-    for var in ("AIO_NUM_THREADS", "OMP_NUM_THREADS", "AIO_DEBUG_MODE", "AIO_KNOB_BUDGET_S"):
+    for var in ("AIO_NUM_THREADS", "OMP_NUM_THREADS", "AIO_DEBUG_MODE", "AIO_KNOB_BUDGET_S", "AIO_SPLIT_BUDGET_S"):
         monkeypatch.delenv(var, raising=False)
-    # aio's knob trials (compiling each strategy again per setting) would add minutes to every aio test; the
-    # tests of the knob stage turn them on (tests/backends/test_aio_knobs.py)
+    # aio's knob trials (compiling each strategy again per setting) and split stage (each segment on each engine)
+    # would add minutes to every aio test; their own tests turn them on (tests/backends/test_aio_knobs.py,
+    # test_aio_split.py)
     monkeypatch.setenv("AIO_TUNE_KNOBS", "0")
+    monkeypatch.setenv("AIO_TUNE_SPLIT", "0")
 
 
 def run_cli(args, cwd=ROOT, env=None, timeout=600, cpus=None):

@@ -10,6 +10,7 @@ or int8 kernels for the ops the `AIO_*` filters select) or the runtimes' own fp1
 
 import copy
 import dataclasses
+import functools
 import json
 import os
 import platform
@@ -60,6 +61,10 @@ KNOBS = {
     # OpenVINO: threads not pinned to cores; denormals flushed to zero
     "openvino": (("cpu_pinning", False), ("denormals_optimization", True)),
 }
+# Engines taking turns in one pass must not keep spinning on the cores the next one needs: ONNX Runtime's idle
+# intra-op threads spin by default (they then held both cores while OpenVINO ran the next segment, and a split
+# of four engine-wise faster segments ran 1.9x slower than one engine). Applied to every segment they run.
+SPLIT_KNOBS = {"onnxruntime": {"allow_spinning": False}}
 KNOB_BUDGET_S = 180.0       # seconds of knob trials (preparing and timing) before the rest are left untried
 KNOB_MIN_GAIN = 0.01        # a knob is kept when it is this much faster, beyond noise: not for a tie split finely
 
@@ -77,6 +82,25 @@ def knob_settings() -> tuple[bool, float]:
         budget = -1.0
     if not budget >= 0:
         raise UsageError(f"AIO_KNOB_BUDGET_S={raw!r} is invalid; accepted: seconds, a number >= 0")
+    return on == "1", budget
+
+
+SPLIT_BUDGET_S = 240.0      # seconds of the split stage (preparing each segment on each engine, timing)
+
+
+def split_settings() -> tuple[bool, float]:
+    """`AIO_TUNE_SPLIT` (1, the default: try running each segment of the graph on the engine fastest on it;
+    0: whole models only) and `AIO_SPLIT_BUDGET_S` (seconds, default 240)."""
+    on = os.environ.get("AIO_TUNE_SPLIT", "1").strip()
+    if on not in ("0", "1"):
+        raise UsageError(f"AIO_TUNE_SPLIT={on!r} is invalid; accepted: 1 (try splitting, the default) or 0")
+    raw = os.environ.get("AIO_SPLIT_BUDGET_S", str(SPLIT_BUDGET_S)).strip()
+    try:
+        budget = float(raw)
+    except ValueError:
+        budget = -1.0
+    if not budget >= 0:
+        raise UsageError(f"AIO_SPLIT_BUDGET_S={raw!r} is invalid; accepted: seconds, a number >= 0")
     return on == "1", budget
 
 
@@ -109,13 +133,18 @@ class AioBackend(Backend):
                "cpu": f"{env.get('cpu_model')}|{platform.machine()}|{','.join(env.get('isa') or [])}",
                "versions": env["versions"], "strategies": list(strategies_for(model, self.engines)),
                "output_checked": ctx.check is not None,      # decisions taken without the check are not reused
-               "knobs_tuned": knobs_on}
+               "knobs_tuned": knobs_on, "split_tuned": split_settings()[0]}
         decision_file = _decision_file(ctx.model_name, key)
         cached = _load_decision(decision_file)
-        if cached and cached["strategy"] in strategies_for(model, self.engines):
+        offered = strategies_for(model, self.engines)
+        if cached and (cached["strategy"] in offered
+                       or cached["strategy"] == "split" and set(cached["split"]["plan"]) <= set(offered)):
             try:
-                prepared = self._prepare_strategy(cached["strategy"], model, example_inputs, precision, threads,
-                                                  dataclasses.replace(ctx, knobs=cached.get("knobs") or {}))
+                if cached["strategy"] == "split":
+                    prepared = self._prepare_split(model, example_inputs, precision, threads, ctx, cached)
+                else:
+                    prepared = self._prepare_strategy(cached["strategy"], model, example_inputs, precision, threads,
+                                                      dataclasses.replace(ctx, knobs=cached.get("knobs") or {}))
             except UnsupportedError:
                 logger.info("cached strategy %s no longer runs; tuning again", cached["strategy"])
             else:
@@ -182,7 +211,10 @@ class AioBackend(Backend):
             logger.warning("aio: no timing function handed in (PrepareContext.time_passes): running %s untuned", best)
         else:
             knobs = key.get("knobs_tuned") and best_has_knobs(prepared, model)
-            best, tuning = _choose(prepared, refused, ctx.time_passes, threads, decision_file, key, save=not knobs)
+            splits = key.get("split_tuned") and may_split(prepared, model)
+            best, tuning = _choose(prepared, refused, ctx.time_passes, threads, decision_file, key,
+                                   save=not (knobs or splits))
+        engines = [s for s in prepared if s in STRATEGIES]
         if all_wrong:
             tuning["output_check"] = "every strategy that ran failed the output check: the fastest was kept"
         chosen = prepared[best]
@@ -190,8 +222,12 @@ class AioBackend(Backend):
             prepared = wrong = None             # the strategies not chosen: their memory, for the trials
             chosen = self._tune_knobs(best, chosen, model, weights, example_inputs, precision, threads, ctx,
                                       checked, tuning)
+        if ctx.time_passes is not None and splits and not all_wrong and "provisional" not in tuning:
+            prepared = wrong = None
+            best, chosen = self._tune_split(best, chosen, engines, model, weights, example_inputs, precision,
+                                            threads, ctx, checked, tuning)
         tuning["tuning_s"] = round(time.monotonic() - started, 1)     # preparing and timing it all, knobs too
-        if knobs and "not_saved" not in tuning:      # _choose left the saving to after the knob stage
+        if (knobs or splits) and "not_saved" not in tuning:      # _choose left the saving to after these stages
             _save_decision(decision_file, {k: v for k, v in tuning.items() if k not in ("cached", "file")})
         chosen = chosen[0]
         chosen.info.update({"strategy": best, "tuning": tuning})
@@ -262,6 +298,118 @@ class AioBackend(Backend):
         tuning.update(knobs=kept, knob_trials=trials, knob_tuning_s=round(time.monotonic() - start, 1))
         return chosen
 
+    def _tune_split(self, best, chosen: tuple, engines: list, model, weights: int, example_inputs, precision,
+                    threads, ctx, checked: bool, tuning: dict) -> tuple:
+        """Cut the graph into segments (backends/split.py), time each segment on each engine that ran the whole
+        model, and where different engines win different segments, time that split against the choice so far:
+        kept only when faster beyond noise, in quiet rounds, like a knob. Returns (strategy, (prepared, pass))
+        and fills `tuning["split"]`."""
+        import torch
+
+        from . import split
+
+        start, budget = time.monotonic(), split_settings()[1]
+        trial = tuning["split"] = {}
+        short = _memory_short(weights * (len(engines) + 1))
+        if short:
+            trial["not_tried"] = short
+            return best, chosen
+        try:
+            graph, segments, per = self._segments(model, example_inputs, precision, ctx)
+        except UnsupportedError as exc:
+            trial["not_tried"] = str(exc)
+            return best, chosen
+        knobs = {best: tuning.get("knobs") or {}}
+        trial.update(segments=len(segments), cut_after=graph.cut_names(), segment_ms=[], refused={})
+        stages = []
+        for i, seg in enumerate(segments):
+            ready = {}
+            for engine in engines:
+                if time.monotonic() - start > budget:
+                    trial["not_tried"] = f"the split budget ({budget:.0f} s, AIO_SPLIT_BUDGET_S) was spent"
+                    return best, chosen
+                try:
+                    ready[engine] = self._prepare_segment(engine, seg, i, per[i], precision, threads, ctx,
+                                                          knobs.get(engine, {}))
+                except UsageError:
+                    raise
+                except Exception as exc:  # noqa: BLE001  (an engine that cannot take a segment is not used there)
+                    trial["refused"][f"{i}:{engine}"] = short_error(exc)
+            if not ready:
+                trial["not_tried"] = f"no engine runs segment {i}"
+                return best, chosen
+            with torch.no_grad():
+                timed = ctx.time_passes({e: functools.partial(_call, p) for e, p in ready.items()}, threads)
+            trial["segment_ms"].append(timed.medians)
+            if not timed.quiet:
+                tuning.setdefault("not_saved", f"the rounds timing segment {i} were not quiet; the next run tunes again")
+            stages.append(split.Stage(seg, ready[min(timed.medians, key=timed.medians.get)]))
+        plan = trial["plan"] = [s.prepared.info["engine"] for s in stages]
+        if len(set(plan)) == 1:
+            trial.update(kept=False, why=f"{plan[0]} is the fastest on every segment")
+            trial["split_tuning_s"] = round(time.monotonic() - start, 1)
+            return best, chosen
+        p = _split_prepared(graph, stages, plan, example_inputs, precision, trial)
+        one_pass = ctx.make_pass(p) if ctx.make_pass else functools.partial(_call, p)
+        with torch.no_grad():
+            failed = ctx.check(one_pass(), precision) if checked else None
+            if failed:
+                trial.update(kept=False, why=f"outputs fail the output check: {failed}")
+                return best, chosen
+            timed = ctx.time_passes({"kept": chosen[1], "split": one_pass}, threads)
+        without, with_ = timed.medians.get("kept"), timed.medians.get("split")
+        gain = without / with_ - 1 if without and with_ else None
+        trial.update(ms={"whole": without, "split": with_}, gain=None if gain is None else round(gain, 4),
+                     clear=timed.clear, quiet=timed.quiet)
+        trial["kept"] = bool(timed.quiet and timed.clear and gain is not None and gain >= KNOB_MIN_GAIN)
+        if not timed.quiet:
+            tuning.setdefault("not_saved", "the rounds timing the split were not quiet; the next run tunes again")
+        trial["split_tuning_s"] = round(time.monotonic() - start, 1)
+        if not trial["kept"]:
+            return best, chosen
+        tuning.update(strategy="split", whole_strategy=best)
+        return "split", (p, one_pass)
+
+    def _segments(self, model, example_inputs, precision, ctx):
+        """(graph, its segments, each segment's inputs: the example's first, then int8 calibration's)."""
+        from . import split
+
+        graph = split.export_graph(copy.deepcopy(model), example_inputs)
+        segments = graph.segments()
+        calibration = ctx.calibration_inputs(example_inputs) if precision == "int8" else []
+        return graph, segments, split.segment_inputs(graph, segments, [example_inputs, *calibration])
+
+    def _prepare_segment(self, engine, segment, index: int, inputs: list, precision, threads, ctx, knobs: dict):
+        """One segment prepared (and compiled) on one engine, as a model of its own: its own name in the caches
+        and int8 calibration on what reaches it."""
+        import torch
+
+        seg_ctx = dataclasses.replace(
+            ctx, model_name=f"{ctx.model_name}.segment{index}", weights_id=f"{ctx.weights_id}-{segment.digest}",
+            calibration=lambda n: (inputs[1:] or inputs[:1]) * n, knobs={**knobs, **SPLIT_KNOBS.get(engine, {})},
+            check=None, time_passes=None,
+            make_pass=None)
+        p = self._prepare_strategy(engine, copy.deepcopy(segment.module), inputs[0], precision, threads, seg_ctx)
+        p.info["engine"] = engine
+        if p.compiles_on_first_call:
+            with torch.no_grad():
+                p.fn(*p.inputs)
+        return p
+
+    def _prepare_split(self, model, example_inputs, precision, threads, ctx, decision: dict) -> Prepared:
+        """The split a cached decision names, prepared again (the same cuts, or UnsupportedError)."""
+        from . import split
+
+        plan = decision["split"]
+        graph, segments, per = self._segments(model, example_inputs, precision, ctx)
+        if graph.cut_names() != plan["cut_after"]:
+            raise UnsupportedError("the graph is cut elsewhere now")
+        knobs = {decision.get("whole_strategy"): decision.get("knobs") or {}}
+        stages = [split.Stage(seg, self._prepare_segment(engine, seg, i, per[i], precision, threads, ctx,
+                                                         knobs.get(engine, {})))
+                  for i, (seg, engine) in enumerate(zip(segments, plan["plan"], strict=True))]
+        return _split_prepared(graph, stages, plan["plan"], example_inputs, precision, {})
+
     def _prepare_strategy(self, strategy, model, example_inputs, precision, threads, ctx) -> Prepared:
         if strategy == "compiled":
             return _compiled(model, example_inputs, precision, threads, ctx, self.engines.get("inductor"))
@@ -270,6 +418,30 @@ class AioBackend(Backend):
         if reason:
             raise UnsupportedError(reason)
         return backend.prepare(model, example_inputs, precision, threads, ctx)
+
+
+def _call(p: Prepared):
+    return p.fn(*p.inputs)
+
+
+def _split_prepared(graph, stages: list, plan: list, example_inputs, precision, info: dict) -> Prepared:
+    """The split's pass as a Prepared: torch inputs in, the model's outputs out; each stage's own mode said."""
+    from . import split
+
+    modes = ", ".join(f"{i}: {e} {s.prepared.precision_mode}" for i, (e, s) in enumerate(zip(plan, stages,
+                                                                                               strict=True)))
+    info = {**info, "segments": [{"engine": e, "precision_mode": s.prepared.precision_mode, **s.prepared.info}
+                                 for e, s in zip(plan, stages, strict=True)]}
+    return Prepared(split.split_pass(graph, stages), tuple(example_inputs), f"split ({modes})", info)
+
+
+def may_split(prepared: dict, model) -> bool:
+    """Whether a split stage may follow the choice: two engines ran the whole model, and it is a torch graph
+    (not a generation step, not an ONNX file)."""
+    from .int8 import is_generation_step
+
+    return (sum(s in STRATEGIES for s in prepared) >= 2 and not is_generation_step(model)
+            and onnx_source(model) is None)
 
 
 def _memory_short(need: float) -> str | None:
