@@ -301,7 +301,8 @@ class AioBackend(Backend):
     def _tune_split(self, best, chosen: tuple, engines: list, model, weights: int, example_inputs, precision,
                     threads, ctx, checked: bool, tuning: dict) -> tuple:
         """Cut the graph into segments (backends/split.py), time each segment on each engine that ran the whole
-        model, and where different engines win different segments, time that split against the choice so far:
+        model, and unless the engine chosen for the whole model wins every segment, time the split (each segment
+        on its fastest engine) against the choice so far:
         kept only when faster beyond noise, in quiet rounds, like a knob. Returns (strategy, (prepared, pass))
         and fills `tuning["split"]`."""
         import torch
@@ -345,8 +346,8 @@ class AioBackend(Backend):
                 tuning.setdefault("not_saved", f"the rounds timing segment {i} were not quiet; the next run tunes again")
             stages.append(split.Stage(seg, ready[min(timed.medians, key=timed.medians.get)]))
         plan = trial["plan"] = [s.prepared.info["engine"] for s in stages]
-        if len(set(plan)) == 1:
-            trial.update(kept=False, why=f"{plan[0]} is the fastest on every segment")
+        if set(plan) == {best}:         # else a split may win even on one engine: its graph cut differently
+            trial.update(kept=False, why=f"{best}, the whole model's choice, is the fastest on every segment")
             trial["split_tuning_s"] = round(time.monotonic() - start, 1)
             return best, chosen
         p = _split_prepared(graph, stages, plan, example_inputs, precision, trial)

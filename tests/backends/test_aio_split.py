@@ -108,6 +108,7 @@ def test_a_split_that_wins_is_kept_checked_recorded_and_reused_from_the_cache(sp
     assert [s["engine"] for s in again.backend_info["segments"]] == trial["plan"] and again.check["passed"]
 
 
+@pytest.mark.slow
 def test_a_split_slower_than_one_engine_is_not_kept(split_on, monkeypatch):
     handicapped(monkeypatch, "split")
     r = run()
