@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import tomllib
 from pathlib import Path
 
 from .errors import UsageError
@@ -31,6 +32,18 @@ def write_json_atomic(path: Path, data, **dump_options) -> None:
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, **dump_options))
     os.replace(tmp, path)
+
+
+def read_toml(path, flag: str, accepted: str) -> dict:
+    """A TOML file a user named with `flag` (`--config`, `--prices`), or a one-line UsageError saying why it
+    cannot be read or parsed and what `accepted` is."""
+    where = f"{flag} {str(path)!r}"
+    try:
+        return tomllib.loads(Path(path).read_text())
+    except OSError as exc:
+        raise UsageError(f"{where} cannot be read ({exc.strerror or exc}); accepted: {accepted}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{where} is not valid TOML ({exc}); accepted: {accepted}") from None
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")

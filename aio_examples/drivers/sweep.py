@@ -18,7 +18,6 @@ import os
 import random
 import sys
 import time
-import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
@@ -26,6 +25,7 @@ from pathlib import Path
 from ..core import records as res
 from ..core.errors import UnsupportedError, UsageError
 from ..core.log import logger
+from ..core.paths import read_toml
 from ..core.processes import run_isolated
 from ..core.records import ConfigKey, machine_fingerprint, shape_label
 from ..machine import allocators
@@ -287,12 +287,7 @@ class SweepConfig:
     @classmethod
     def from_toml(cls, path, overrides: dict | None = None) -> "SweepConfig":
         """A sweep kept in a file (see sweeps/*.toml); `overrides` (from the command line) win."""
-        try:
-            data = tomllib.loads(Path(path).read_text())
-        except OSError as exc:
-            raise UsageError(f"--config {str(path)!r} cannot be read ({exc.strerror}); accepted: a TOML file") from exc
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise UsageError(f"--config {str(path)!r} is not valid TOML ({exc})") from exc
+        data = read_toml(path, "--config", "a TOML file (see sweeps/*.toml)")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

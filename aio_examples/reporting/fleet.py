@@ -11,11 +11,11 @@ another amount of work. Records from one machine get the section only when a bou
 
 import html
 import math
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.errors import UsageError
+from ..core.paths import read_toml
 from ..core.records import KEY_FIELDS, Result, machine_fingerprint
 
 # A configuration on any machine (ConfigKey without the machine; the model implies the task).
@@ -164,12 +164,7 @@ def read_prices(path, known: list[dict]) -> Prices:
     """The prices file (`currency`, optional, default USD; `[prices]`: machine = price per hour), checked
     against the machines of the results (`known`: machines()). Any bad input is a one-line UsageError."""
     where = f"--prices {str(path)!r}"
-    try:
-        data = tomllib.loads(Path(path).read_text())
-    except OSError as exc:
-        raise UsageError(f"{where} cannot be read ({exc.strerror or exc}); accepted: {PRICES_ACCEPTED}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{where} is not valid TOML ({exc}); accepted: {PRICES_ACCEPTED}") from None
+    data = read_toml(path, "--prices", PRICES_ACCEPTED)
     unknown = sorted(set(data) - set(PRICE_KEYS))
     if unknown:
         raise UsageError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; accepted: {', '.join(PRICE_KEYS)}")
