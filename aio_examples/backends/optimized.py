@@ -204,7 +204,7 @@ class AioBackend(Backend):
         if not prepared:
             raise UnsupportedError("no aio strategy runs this model at " + precision + ": "
                                    + "; ".join(f"{k}: {v}" for k, v in refused.items()))
-        knobs = False
+        knobs = splits = False
         if ctx.time_passes is None:
             best = next(iter(prepared))
             tuning = {"not_tuned": "no timing function handed in", "refused": refused}
