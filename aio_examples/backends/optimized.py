@@ -69,20 +69,25 @@ KNOB_BUDGET_S = 180.0       # seconds of knob trials (preparing and timing) befo
 KNOB_MIN_GAIN = 0.01        # a knob is kept when it is this much faster, beyond noise: not for a tie split finely
 
 
-def knob_settings() -> tuple[bool, float]:
-    """`AIO_TUNE_KNOBS` (1, the default: try KNOBS on the chosen strategy; 0: its defaults only) and
-    `AIO_KNOB_BUDGET_S` (seconds, default 180)."""
-    on = os.environ.get("AIO_TUNE_KNOBS", "1").strip()
+def _stage_settings(switch: str, budget_var: str, default_budget: float, what: str) -> tuple[bool, float]:
+    """A tuning stage's on/off variable (1, the default, or 0) and its budget variable (seconds >= 0)."""
+    on = os.environ.get(switch, "1").strip()
     if on not in ("0", "1"):
-        raise UsageError(f"AIO_TUNE_KNOBS={on!r} is invalid; accepted: 1 (try the knobs, the default) or 0")
-    raw = os.environ.get("AIO_KNOB_BUDGET_S", str(KNOB_BUDGET_S)).strip()
+        raise UsageError(f"{switch}={on!r} is invalid; accepted: 1 ({what}, the default) or 0")
+    raw = os.environ.get(budget_var, str(default_budget)).strip()
     try:
         budget = float(raw)
     except ValueError:
         budget = -1.0
     if not budget >= 0:
-        raise UsageError(f"AIO_KNOB_BUDGET_S={raw!r} is invalid; accepted: seconds, a number >= 0")
+        raise UsageError(f"{budget_var}={raw!r} is invalid; accepted: seconds, a number >= 0")
     return on == "1", budget
+
+
+def knob_settings() -> tuple[bool, float]:
+    """`AIO_TUNE_KNOBS` (1, the default: try KNOBS on the chosen strategy; 0: its defaults only) and
+    `AIO_KNOB_BUDGET_S` (seconds, default 180)."""
+    return _stage_settings("AIO_TUNE_KNOBS", "AIO_KNOB_BUDGET_S", KNOB_BUDGET_S, "try the knobs")
 
 
 SPLIT_BUDGET_S = 240.0      # seconds of the split stage (preparing each segment on each engine, timing)
@@ -91,17 +96,7 @@ SPLIT_BUDGET_S = 240.0      # seconds of the split stage (preparing each segment
 def split_settings() -> tuple[bool, float]:
     """`AIO_TUNE_SPLIT` (1, the default: try running each segment of the graph on the engine fastest on it;
     0: whole models only) and `AIO_SPLIT_BUDGET_S` (seconds, default 240)."""
-    on = os.environ.get("AIO_TUNE_SPLIT", "1").strip()
-    if on not in ("0", "1"):
-        raise UsageError(f"AIO_TUNE_SPLIT={on!r} is invalid; accepted: 1 (try splitting, the default) or 0")
-    raw = os.environ.get("AIO_SPLIT_BUDGET_S", str(SPLIT_BUDGET_S)).strip()
-    try:
-        budget = float(raw)
-    except ValueError:
-        budget = -1.0
-    if not budget >= 0:
-        raise UsageError(f"AIO_SPLIT_BUDGET_S={raw!r} is invalid; accepted: seconds, a number >= 0")
-    return on == "1", budget
+    return _stage_settings("AIO_TUNE_SPLIT", "AIO_SPLIT_BUDGET_S", SPLIT_BUDGET_S, "try splitting")
 
 
 def process_mode() -> bool:
