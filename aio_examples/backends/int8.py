@@ -249,6 +249,10 @@ def _export(model, example_inputs):
     """
     import torch
 
+    if isinstance(model, torch.fx.GraphModule) and getattr(model, "exported_segment", False):
+        # a segment of an exported graph (backends/split.py): its nodes keep the export's metadata (which
+        # module each op came from, for the quantizer's patterns); exporting it again would lose that
+        return model, "a segment of the model's export"
     errors = []
     for strict in (True, False):
         capture = "strict" if strict else "non-strict"

@@ -369,9 +369,15 @@ class AioBackend(Backend):
     def _segments(self, model, example_inputs, precision, ctx):
         """(graph, its segments, each segment's inputs: the example's first, then int8 calibration's)."""
         from . import split
+        from .int8 import is_conv_net
 
         graph = split.export_graph(copy.deepcopy(model), example_inputs)
         segments = graph.segments()
+        # a segment takes the model's int8 scheme (static for conv nets): its graph of ATen calls has no Conv2d
+        # module for the engines to count, and would otherwise take dynamic int8, which leaves convolutions fp32
+        conv_net = is_conv_net(model, example_inputs)
+        for seg in segments:
+            seg.conv_net = conv_net
         calibration = ctx.calibration_inputs(example_inputs) if precision == "int8" else []
         return graph, segments, split.segment_inputs(graph, segments, [example_inputs, *calibration])
 
@@ -385,7 +391,10 @@ class AioBackend(Backend):
             calibration=lambda n: (inputs[1:] or inputs[:1]) * n, knobs={**knobs, **SPLIT_KNOBS.get(engine, {})},
             check=None, time_passes=None,
             make_pass=None)
-        p = self._prepare_strategy(engine, copy.deepcopy(segment.module), inputs[0], precision, threads, seg_ctx)
+        own = copy.deepcopy(segment.module)         # (a GraphModule's copy keeps only what its graph uses)
+        own.is_conv_net = functools.partial(bool, segment.conv_net)
+        own.exported_segment = True
+        p = self._prepare_strategy(engine, own, inputs[0], precision, threads, seg_ctx)
         p.info["engine"] = engine
         if p.compiles_on_first_call:
             with torch.no_grad():

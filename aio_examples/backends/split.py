@@ -25,6 +25,7 @@ class Segment:
     module: object              # torch.fx.GraphModule
     inputs: list[str]           # names of the values it takes (model inputs or earlier segments' outputs)
     outputs: list[str]          # names of the values it makes that later segments or the model's output need
+    conv_net: bool = False      # whether the whole model is a conv net (its int8 scheme: static, calibrated)
 
     @property
     def digest(self) -> str:
