@@ -15,7 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
-_MATMUL_FUNCTIONS = (torch.matmul, operator.matmul, torch.mm, torch.bmm)
+_MATMUL_FUNCTIONS = (torch.matmul, operator.matmul, torch.mm, torch.bmm,
+                     torch.ops.aten.matmul.default, torch.ops.aten.mm.default, torch.ops.aten.bmm.default)
+# A graph of ATen calls (a segment of an exported model, backends/split.py) calls the ATen overloads
+_LINEAR = (F.linear, torch.ops.aten.linear.default)
+_CONV2D = (torch.conv2d, torch.ops.aten.conv2d.default)
 _MATMUL_METHODS = ("matmul", "mm", "bmm", "__matmul__")
 # Ops whose result aliases their input: an in-place op on the result mutates the input too.
 _ALIASING = frozenset(("getitem", "view", "reshape", "transpose", "permute", "narrow", "select", "expand",
@@ -27,9 +31,9 @@ _INT8 = (-128, 127, torch.int8)      # weights: symmetric per output channel
 def op_kind(node: fx.Node) -> str | None:
     """The op kind a node is, in the names the filters use (see options.KIND_NAMES)."""
     if node.op == "call_function":
-        if node.target is F.linear:
+        if node.target in _LINEAR:
             return "Linear"
-        if node.target is torch.conv2d:
+        if node.target in _CONV2D:
             return "Conv2d"
         if node.target in _MATMUL_FUNCTIONS:
             return "MatMul"
