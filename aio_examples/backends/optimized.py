@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import time
+from collections.abc import Callable
 
 from ..core.errors import UnsupportedError, UsageError, short_error
 from ..core.log import logger
@@ -240,7 +241,7 @@ class AioBackend(Backend):
         import torch
 
         p = self._prepare_strategy(strategy, own, example_inputs, precision, threads, ctx)
-        one_pass = ctx.make_pass(p) if ctx.make_pass else (lambda p=p: p.fn(*p.inputs))
+        one_pass = _one_pass(p, ctx)
         if p.compiles_on_first_call or checked:
             with torch.no_grad():
                 output = one_pass()
@@ -278,15 +279,9 @@ class AioBackend(Backend):
                 trial["not_tried"] = f"outputs fail the output check: {failed}"
                 continue
             with torch.no_grad():
-                timed = ctx.time_passes({"kept": chosen[1], name: one_pass}, threads)
-            without, with_ = timed.medians.get("kept"), timed.medians.get(name)
-            gain = without / with_ - 1 if without and with_ else None
-            trial.update(ms={"without": without, "with": with_}, gain=None if gain is None else round(gain, 4),
-                         clear=timed.clear, quiet=timed.quiet)
-            trial["kept"] = bool(timed.quiet and timed.clear and gain is not None and gain >= KNOB_MIN_GAIN)
-            if not timed.quiet:
-                tuning.setdefault("not_saved", f"the rounds timing knob {name} were not quiet; the next run tunes again")
-            if trial["kept"]:
+                wins = _trial(chosen[1], name, one_pass, ctx.time_passes, threads, trial, tuning, ("without", "with"),
+                              f"knob {name}")
+            if wins:
                 kept[name], chosen = value, (p, one_pass)
             del p, one_pass
             gc.collect()
@@ -345,23 +340,17 @@ class AioBackend(Backend):
             trial.update(kept=False, why=f"{best}, the whole model's choice, is the fastest on every segment")
             trial["split_tuning_s"] = round(time.monotonic() - start, 1)
             return best, chosen
-        p = _split_prepared(graph, stages, plan, example_inputs, precision, trial)
-        one_pass = ctx.make_pass(p) if ctx.make_pass else functools.partial(_call, p)
+        p = _split_prepared(graph, stages, example_inputs, trial)
+        one_pass = _one_pass(p, ctx)
         with torch.no_grad():
             failed = ctx.check(one_pass(), precision) if checked else None
             if failed:
                 trial.update(kept=False, why=f"outputs fail the output check: {failed}")
                 return best, chosen
-            timed = ctx.time_passes({"kept": chosen[1], "split": one_pass}, threads)
-        without, with_ = timed.medians.get("kept"), timed.medians.get("split")
-        gain = without / with_ - 1 if without and with_ else None
-        trial.update(ms={"whole": without, "split": with_}, gain=None if gain is None else round(gain, 4),
-                     clear=timed.clear, quiet=timed.quiet)
-        trial["kept"] = bool(timed.quiet and timed.clear and gain is not None and gain >= KNOB_MIN_GAIN)
-        if not timed.quiet:
-            tuning.setdefault("not_saved", "the rounds timing the split were not quiet; the next run tunes again")
+            wins = _trial(chosen[1], "split", one_pass, ctx.time_passes, threads, trial, tuning, ("whole", "split"),
+                          "the split")
         trial["split_tuning_s"] = round(time.monotonic() - start, 1)
-        if not trial["kept"]:
+        if not wins:
             return best, chosen
         tuning.update(strategy="split", whole_strategy=best)
         return "split", (p, one_pass)
@@ -375,7 +364,7 @@ class AioBackend(Backend):
         segments = graph.segments()
         # a segment takes the model's int8 scheme (static for conv nets): its graph of ATen calls has no Conv2d
         # module for the engines to count, and would otherwise take dynamic int8, which leaves convolutions fp32
-        conv_net = is_conv_net(model, example_inputs)
+        conv_net = precision == "int8" and is_conv_net(model, example_inputs)
         for seg in segments:
             seg.conv_net = conv_net
         calibration = ctx.calibration_inputs(example_inputs) if precision == "int8" else []
@@ -413,7 +402,7 @@ class AioBackend(Backend):
         stages = [split.Stage(seg, self._prepare_segment(engine, seg, i, per[i], precision, threads, ctx,
                                                          knobs.get(engine, {})))
                   for i, (seg, engine) in enumerate(zip(segments, plan["plan"], strict=True))]
-        return _split_prepared(graph, stages, plan["plan"], example_inputs, precision, {})
+        return _split_prepared(graph, stages, example_inputs, {})
 
     def _prepare_strategy(self, strategy, model, example_inputs, precision, threads, ctx) -> Prepared:
         if strategy == "compiled":
@@ -429,14 +418,34 @@ def _call(p: Prepared):
     return p.fn(*p.inputs)
 
 
-def _split_prepared(graph, stages: list, plan: list, example_inputs, precision, info: dict) -> Prepared:
-    """The split's pass as a Prepared: torch inputs in, the model's outputs out; each stage's own mode said."""
+def _one_pass(p: Prepared, ctx) -> Callable[[], object]:
+    """The zero-argument pass the runner will time for `p` (ctx.make_pass), else one call on its inputs."""
+    return ctx.make_pass(p) if ctx.make_pass else functools.partial(_call, p)
+
+
+def _trial(kept_pass, name: str, challenger, time_passes, threads: int, trial: dict, tuning: dict,
+           labels: tuple[str, str], what: str) -> bool:
+    """Time `challenger` against the pass kept so far (quiet interleaved rounds) and fill `trial` with both
+    medians (under `labels`), the gain, clear and quiet: whether it is kept (at least KNOB_MIN_GAIN faster, clear
+    of noise, quiet). Rounds that were not quiet mark the decision not to be saved (saying `what` was timed)."""
+    timed = time_passes({"kept": kept_pass, name: challenger}, threads)
+    without, with_ = timed.medians.get("kept"), timed.medians.get(name)
+    gain = without / with_ - 1 if without and with_ else None
+    trial.update(ms=dict(zip(labels, (without, with_), strict=True)), gain=None if gain is None else round(gain, 4),
+                 clear=timed.clear, quiet=timed.quiet)
+    trial["kept"] = bool(timed.quiet and timed.clear and gain is not None and gain >= KNOB_MIN_GAIN)
+    if not timed.quiet:
+        tuning.setdefault("not_saved", f"the rounds timing {what} were not quiet; the next run tunes again")
+    return trial["kept"]
+
+
+def _split_prepared(graph, stages: list, example_inputs, info: dict) -> Prepared:
+    """The split's pass as a Prepared: torch inputs in, the model's outputs out; each stage's engine and mode
+    said (its prepared info names the engine, see _prepare_segment)."""
     from . import split
 
-    modes = ", ".join(f"{i}: {e} {s.prepared.precision_mode}" for i, (e, s) in enumerate(zip(plan, stages,
-                                                                                               strict=True)))
-    info = {**info, "segments": [{"engine": e, "precision_mode": s.prepared.precision_mode, **s.prepared.info}
-                                 for e, s in zip(plan, stages, strict=True)]}
+    modes = ", ".join(f"{i}: {s.prepared.info['engine']} {s.prepared.precision_mode}" for i, s in enumerate(stages))
+    info = {**info, "segments": [{"precision_mode": s.prepared.precision_mode, **s.prepared.info} for s in stages]}
     return Prepared(split.split_pass(graph, stages), tuple(example_inputs), f"split ({modes})", info)
 
 

@@ -166,11 +166,7 @@ def _to_torch(value):
     import numpy as np
     import torch
 
-    if isinstance(value, np.ndarray):
-        return torch.from_numpy(value)
-    if hasattr(value, "data") and not isinstance(value, torch.Tensor):    # an engine's tensor wrapper
-        return torch.from_numpy(np.asarray(value.data))
-    return value
+    return torch.from_numpy(value) if isinstance(value, np.ndarray) else value      # the runtimes' outputs
 
 
 def _flat(out) -> list:
