@@ -21,7 +21,7 @@ from .artifacts import artifact_dir, describe_inputs, digests, intact
 from .base import Backend, Prepared, onnx_source
 
 # precision -> (INFERENCE_PRECISION_HINT asked, the OPTIMIZATION_CAPABILITIES entry the CPU needs for it).
-# int8 keeps the f32 hint: quantized layers run int8, the rest f32.
+# int8 keeps the f32 hint: quantized layers run int8, the rest f32 (bf16 under aio's int8_mixed_bf16 knob).
 _PRECISIONS = {"fp32": ("f32", "FP32"), "bf16": ("bf16", "BF16"), "fp16": ("f16", "FP16"), "int8": ("f32", "INT8")}
 # (int4 is weight-only quantization for text generation, which this backend does not run: base.py refuses it)
 # Runtime layers that do the matrix work: at int8 at least one must run with an integer precision.
@@ -34,6 +34,9 @@ _GENERATION = ("text generation updates a static KV cache in place between steps
 # Properties the optimized backend may try beyond the defaults (backends/optimized.py KNOBS): the knob's name
 # there -> OpenVINO's property
 KNOB_PROPERTIES = {"cpu_pinning": "ENABLE_CPU_PINNING", "denormals_optimization": "CPU_DENORMALS_OPTIMIZATION"}
+# and one that sets the inference precision: at int8, the layers NNCF leaves in floating point (softmax, norms,
+# activations, unquantized GEMMs) run bf16 ("int8-mixed-bf16"), on a CPU with native bf16
+MIXED_BF16 = "int8_mixed_bf16"
 
 
 class OpenVinoBackend(Backend):
@@ -78,10 +81,12 @@ class OpenVinoBackend(Backend):
         info = {"openvino": ov.__version__.split("-")[0], "ir": str(xml), "ir_cache": "hit" if hit else "miss",
                 ("ir_load_s" if hit else "convert_s"): round(time.perf_counter() - start, 3)}
         mode = f"inference-precision-{hint}"
+        if ctx.knobs.get(MIXED_BF16):
+            hint = _mixed_bf16(precision, capabilities)
         if precision == "int8":
             xml, int8_info = _quantized(model, xml, example_inputs, ctx, key)
             info.update(int8_info)
-            mode = "int8-nncf-ptq"
+            mode = "int8-nncf-ptq" + ("-mixed-bf16" if hint == "bf16" else "")
 
         config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1,
                   "INFERENCE_PRECISION_HINT": hint,
@@ -98,6 +103,8 @@ class OpenVinoBackend(Backend):
                     performance_hint=str(compiled.get_property("PERFORMANCE_HINT")),
                     num_streams=int(compiled.get_property("NUM_STREAMS")), outputs="copied each pass",
                     **{k: str(compiled.get_property(KNOB_PROPERTIES[k])) for k in ctx.knobs if k in KNOB_PROPERTIES})
+        if precision == "int8" and read_back == "bf16":
+            info["rest_precision"] = "bf16"
         if precision == "int8":
             info["int8_layers"] = _int8_layers(compiled)
 
@@ -269,6 +276,16 @@ def _quantized(model, fp32_xml: Path, example_inputs, ctx, key: dict) -> tuple[P
     xml, hit = _cached_ir(folder / "ir", quantize)
     return xml, {"int8_scheme": scheme, "int8_ir": str(xml), "int8_cache": "hit" if hit else "miss",
                  ("int8_load_s" if hit else "quantize_s"): round(time.perf_counter() - start, 3)}
+
+
+def _mixed_bf16(precision: str, capabilities) -> str:
+    """The hint under the int8_mixed_bf16 knob, or why the knob does not apply here."""
+    if precision != "int8":
+        raise UnsupportedError(f"{MIXED_BF16} applies at int8 (to the layers left in floating point), not at {precision}")
+    if "BF16" not in capabilities:
+        raise UnsupportedError(f"{MIXED_BF16} needs native BF16, which this CPU lacks "
+                               f"(OpenVINO OPTIMIZATION_CAPABILITIES: {', '.join(capabilities)})")
+    return "bf16"
 
 
 def _int8_layers(compiled) -> str:

@@ -28,9 +28,24 @@ def knobs_on(monkeypatch, tmp_path):
     monkeypatch.setattr(timing, "TUNING_CONTENDED_CORES", float("inf"))     # whatever else the machine runs now
 
 
-def run(seed: int, batch: int = 4):
+def run(seed: int, batch: int = 4, precision: str = "fp32"):
     torch.manual_seed(seed)
-    return benchmark(Mlp().eval(), example_inputs=(torch.randn(batch, 32),), backend="aio", threads=1, num_runs=3)
+    return benchmark(Mlp().eval(), example_inputs=(torch.randn(batch, 32),), backend="aio", threads=1, num_runs=3,
+                     precision=precision)
+
+
+def handicap_the_kept_settings(monkeypatch):
+    """The settings kept so far are slowed by 2 ms a pass (a real sleep, really timed): every knob trial wins."""
+    real = runner.time_passes
+
+    def handicapped(passes, threads):
+        if "kept" in passes:
+            slow = passes["kept"]
+            passes = {**passes, "kept": lambda: (time.sleep(0.002), slow())[1]}
+        return real(passes, threads)
+
+    monkeypatch.setattr(runner, "time_passes", handicapped)
+    return real
 
 
 def test_each_knob_of_the_chosen_strategy_is_timed_and_kept_only_where_it_wins(knobs_on, monkeypatch):
@@ -52,18 +67,10 @@ def test_each_knob_of_the_chosen_strategy_is_timed_and_kept_only_where_it_wins(k
 
 
 def test_a_knob_that_wins_is_kept_applied_and_reused_from_the_cache(knobs_on, monkeypatch):
-    """The defaults are handicapped by 2 ms a pass (a real sleep, really timed): every knob trial wins, the first
-    knob kept is applied to the next trial and to the run, and the decision cached with it is reused as it is."""
+    """With the defaults handicapped every knob trial wins: the first knob kept is applied to the next trial and
+    to the run, and the decision cached with it is reused as it is."""
     monkeypatch.setattr(optimized, "STRATEGIES", ("onnxruntime",))
-    real = runner.time_passes
-
-    def handicapped(passes, threads):
-        if "kept" in passes:
-            slow = passes["kept"]
-            passes = {**passes, "kept": lambda: (time.sleep(0.002), slow())[1]}
-        return real(passes, threads)
-
-    monkeypatch.setattr(runner, "time_passes", handicapped)
+    real = handicap_the_kept_settings(monkeypatch)
     first = run(1)
     tuning = first.backend_info["tuning"]
     assert tuning["knobs"] == {"allow_spinning": False, "graph_optimization": "extended"}, tuning["knob_trials"]
@@ -94,6 +101,27 @@ def test_a_spent_budget_leaves_the_remaining_knobs_untried_and_says_so(knobs_on,
     first, *rest = trials.values()
     assert "ms" in first                       # the budget is checked before each trial: spent after the first
     assert rest and all("budget" in t["not_tried"] for t in rest), trials
+
+
+def test_openvino_at_int8_may_run_the_rest_in_bf16_and_says_so(knobs_on, monkeypatch):
+    """int8_mixed_bf16: tried at int8 only, on a CPU with native bf16; once kept, the record's precision_mode and
+    the precision OpenVINO read back say so, and the output check (int8's tolerance) still passes."""
+    import openvino as ov
+
+    monkeypatch.setattr(optimized, "STRATEGIES", ("openvino",))
+    handicap_the_kept_settings(monkeypatch)
+    fp32 = run(5).backend_info["tuning"]["knob_trials"]["int8_mixed_bf16"]
+    assert "applies at int8" in fp32["not_tried"] and "not at fp32" in fp32["not_tried"]
+    r = run(5, batch=16, precision="int8")           # at batch 4 OpenVINO runs these tiny GEMMs in fp32
+    assert r.status == "ok" and r.check["passed"], r.reason
+    trial = r.backend_info["tuning"]["knob_trials"]["int8_mixed_bf16"]
+    if "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
+        assert trial["kept"] and r.backend_info["tuning"]["knobs"]["int8_mixed_bf16"] is True, trial
+        assert r.precision_mode == "int8-nncf-ptq-mixed-bf16"
+        assert r.backend_info["precision_hint_read_back"] == "bf16" and r.backend_info["rest_precision"] == "bf16"
+        assert int(r.backend_info["int8_layers"].split()[0]) > 0       # the GEMMs still run int8
+    else:
+        assert "lacks" in trial["not_tried"] and r.precision_mode == "int8-nncf-ptq"
 
 
 @pytest.mark.slow

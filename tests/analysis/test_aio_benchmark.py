@@ -1,0 +1,61 @@
+"""benchmarks/aio_vs_baselines.py's verdicts, from records written where the benchmark reads them."""
+
+import json
+import subprocess
+import sys
+
+from conftest import ROOT
+
+SCRIPT = ROOT / "benchmarks" / "aio_vs_baselines.py"
+
+
+def _record(backend, median, precision="fp32", spread=0.01):
+    return {"backend": backend, "precision": precision, "status": "ok", "strategy": "openvino" if backend == "aio"
+            else None, "backend_info": {}, "latency_ms": {"median": median, "ci_low": median * (1 - spread),
+                                                           "ci_high": median * (1 + spread)}}
+
+
+def _write(out, name, records):
+    folder = out / name
+    folder.mkdir(parents=True)
+    (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def _render(out, model="m"):
+    done = subprocess.run([sys.executable, str(SCRIPT), "--models", model, "--precisions", "fp32",
+                           "--output", str(out), "--render-only"], check=False, capture_output=True, text=True, timeout=60)
+    return done.returncode, done.stdout
+
+
+def test_a_row_whose_two_orders_disagree_is_unstable_not_a_pass(tmp_path):
+    # aio/best 1.40 with aio last, 1.00 with aio first: half the spread (0.20) would call 1.18 noise.
+    _write(tmp_path, "m-fp32-aio-first", [_record("aio", 10.0), _record("openvino", 10.0)])
+    _write(tmp_path, "m-fp32-aio-last", [_record("aio", 14.0), _record("openvino", 10.0)])
+    code, out = _render(tmp_path)
+    assert code == 1
+    assert "UNSTABLE (the orders disagree: 1.000, 1.400)" in out
+    assert "geometric mean" not in out.split("with the UNSTABLE rows")[0]
+    assert "with the UNSTABLE rows, over 1 rows: 0.845x" in out
+
+
+def test_a_measurement_again_replaces_an_unstable_one(tmp_path):
+    _write(tmp_path, "m-fp32-aio-first", [_record("aio", 10.0), _record("openvino", 10.0)])
+    _write(tmp_path, "m-fp32-aio-last", [_record("aio", 14.0), _record("openvino", 10.0)])
+    _write(tmp_path, "m-fp32-aio-first-again1", [_record("aio", 9.0), _record("openvino", 10.0)])
+    _write(tmp_path, "m-fp32-aio-last-again1", [_record("aio", 9.5), _record("openvino", 10.0)])
+    code, out = _render(tmp_path)
+    assert code == 0, out
+    assert "| 0.925 (0.900, 0.950) | PASS |" in out
+    assert "geometric mean over 1 rows: 1.081x" in out
+
+
+def test_orders_that_agree_keep_the_noise_rule(tmp_path):
+    # 3% slower in one order, 1% faster in the other: 1% slower overall, within half the spread (2%).
+    _write(tmp_path, "m-fp32-aio-first", [_record("aio", 10.3, spread=0.001), _record("openvino", 10.0, spread=0.001)])
+    _write(tmp_path, "m-fp32-aio-last", [_record("aio", 9.9, spread=0.001), _record("openvino", 10.0, spread=0.001)])
+    assert "PASS (within noise)" in _render(tmp_path)[1]
+    # 5% slower in both orders with tight intervals: a FAIL.
+    _write(tmp_path, "n-fp32-aio-first", [_record("aio", 10.5, spread=0.001), _record("openvino", 10.0, spread=0.001)])
+    _write(tmp_path, "n-fp32-aio-last", [_record("aio", 10.6, spread=0.001), _record("openvino", 10.0, spread=0.001)])
+    code, out = _render(tmp_path, "n")
+    assert code == 1 and "| FAIL |" in out
