@@ -9,6 +9,9 @@ import torch
 
 from aio_examples import benchmark
 from aio_examples.backends import optimized
+from aio_examples.backends.base import PrepareContext
+from aio_examples.backends.openvino import OpenVinoBackend
+from aio_examples.core.errors import UnsupportedError
 from aio_examples.measurement import runner, timing
 
 
@@ -74,6 +77,7 @@ def test_a_knob_that_wins_is_kept_applied_and_reused_from_the_cache(knobs_on, mo
     first = run(1)
     tuning = first.backend_info["tuning"]
     assert tuning["knobs"] == {"allow_spinning": False, "graph_optimization": "extended"}, tuning["knob_trials"]
+    assert all(t["again"]["kept"] for t in tuning["knob_trials"].values())     # and again, on a fresh instance
     assert first.backend_info["session"]["allow_spinning"] == "0"
     assert first.backend_info["session"]["graph_optimization_level"] == "ORT_ENABLE_EXTENDED"
     assert first.check["passed"]
@@ -83,6 +87,29 @@ def test_a_knob_that_wins_is_kept_applied_and_reused_from_the_cache(knobs_on, mo
     again = run(1)
     assert again.backend_info["tuning"]["cached"] and again.backend_info["tuning"]["knobs"] == tuning["knobs"]
     assert again.backend_info["session"]["allow_spinning"] == "0" and again.check["passed"]
+
+
+def test_a_win_that_a_fresh_instance_does_not_confirm_is_not_kept(knobs_on, monkeypatch):
+    """Each knob wins its first trial (the kept settings handicapped), then loses against a fresh instance of the
+    kept settings (the knob's instance handicapped): nothing is kept, and the record says why."""
+    monkeypatch.setattr(optimized, "STRATEGIES", ("onnxruntime",))
+    real, seen = runner.time_passes, set()
+
+    def first_won_then_lost(passes, threads):
+        if "kept" in passes:
+            (name,) = set(passes) - {"kept"}
+            slow = "kept" if name not in seen else name
+            seen.add(name)
+            passes = {**passes, slow: lambda f=passes[slow]: (time.sleep(0.002), f())[1]}
+        return real(passes, threads)
+
+    monkeypatch.setattr(runner, "time_passes", first_won_then_lost)
+    tuning = run(6).backend_info["tuning"]
+    trials = tuning["knob_trials"]
+    assert tuning["knobs"] == {}, trials
+    for trial in trials.values():
+        assert trial["gain"] > 0.5 and not trial["kept"], trial                      # the first trial's win ...
+        assert trial["again"]["gain"] < 0 and not trial["again"]["kept"], trial      # ... that did not hold
 
 
 def test_knob_stage_off_tries_no_knob_and_keys_its_decision_apart(knobs_on, monkeypatch):
@@ -104,14 +131,19 @@ def test_a_spent_budget_leaves_the_remaining_knobs_untried_and_says_so(knobs_on,
 
 
 def test_openvino_at_int8_may_run_the_rest_in_bf16_and_says_so(knobs_on, monkeypatch):
-    """int8_mixed_bf16: tried at int8 only, on a CPU with native bf16; once kept, the record's precision_mode and
-    the precision OpenVINO read back say so, and the output check (int8's tolerance) still passes."""
+    """int8_mixed_bf16, on a CPU with native bf16: once kept, the record's precision_mode and the precision
+    OpenVINO read back say so, and the output check (int8's tolerance) still passes. At fp32 it is refused."""
     import openvino as ov
 
     monkeypatch.setattr(optimized, "STRATEGIES", ("openvino",))
-    handicap_the_kept_settings(monkeypatch)
-    fp32 = run(5).backend_info["tuning"]["knob_trials"]["int8_mixed_bf16"]
-    assert "applies at int8" in fp32["not_tried"] and "not at fp32" in fp32["not_tried"]
+    real = runner.time_passes
+
+    def mixed_wins(passes, threads):        # the other knobs are timed as they are
+        if "int8_mixed_bf16" in passes:
+            passes = {**passes, "kept": lambda f=passes["kept"]: (time.sleep(0.002), f())[1]}
+        return real(passes, threads)
+
+    monkeypatch.setattr(runner, "time_passes", mixed_wins)
     r = run(5, batch=16, precision="int8")           # at batch 4 OpenVINO runs these tiny GEMMs in fp32
     assert r.status == "ok" and r.check["passed"], r.reason
     trial = r.backend_info["tuning"]["knob_trials"]["int8_mixed_bf16"]
@@ -122,6 +154,10 @@ def test_openvino_at_int8_may_run_the_rest_in_bf16_and_says_so(knobs_on, monkeyp
         assert int(r.backend_info["int8_layers"].split()[0]) > 0       # the GEMMs still run int8
     else:
         assert "lacks" in trial["not_tried"] and r.precision_mode == "int8-nncf-ptq"
+    ctx = PrepareContext(model_name="mlp", task="custom", family="custom", shape={}, batch_size=4,
+                         weights_id="w", knobs={"int8_mixed_bf16": True})
+    with pytest.raises(UnsupportedError, match="applies at int8 .* not at fp32"):
+        OpenVinoBackend().prepare(Mlp().eval(), (torch.randn(4, 32),), "fp32", 1, ctx)
 
 
 @pytest.mark.slow
