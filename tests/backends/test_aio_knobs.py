@@ -130,6 +130,7 @@ def test_a_spent_budget_leaves_the_remaining_knobs_untried_and_says_so(knobs_on,
     assert rest and all("budget" in t["not_tried"] for t in rest), trials
 
 
+@pytest.mark.slow          # NNCF quantizes for each trial: 20 s
 def test_openvino_at_int8_may_run_the_rest_in_bf16_and_says_so(knobs_on, monkeypatch):
     """int8_mixed_bf16, on a CPU with native bf16: once kept, the record's precision_mode and the precision
     OpenVINO read back say so, and the output check (int8's tolerance) still passes. At fp32 it is refused."""
