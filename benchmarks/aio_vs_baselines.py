@@ -51,7 +51,7 @@ def main() -> int:
                 runs = [_measure(model, precision, args, out, aio_first, attempt)
                         for aio_first in (True, False)]
                 row = _compare(model, precision, runs)
-                again = out / f"{model}-{precision}-aio-first-again{attempt + 1}"
+                again = _folder(out, model, precision, True, attempt + 1)
                 if not row["verdict"].startswith("UNSTABLE") or (args.render_only and not again.exists()):
                     break
                 print(f"{model} {precision}: {row['verdict']}; measuring again", flush=True)
@@ -75,9 +75,7 @@ def main() -> int:
 
 def _measure(model, precision, args, out, aio_first: bool, attempt: int = 0) -> list[dict]:
     """One process per model x precision x order: aio and the baselines measured in interleaved rounds."""
-    folder = out / f"{model}-{precision}-aio-{'first' if aio_first else 'last'}"
-    if attempt:
-        folder = folder.with_name(f"{folder.name}-again{attempt}")
+    folder = _folder(out, model, precision, aio_first, attempt)
     order = ("aio", *BASELINES) if aio_first else (*BASELINES, "aio")
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "results.jsonl"
@@ -90,6 +88,12 @@ def _measure(model, precision, args, out, aio_first: bool, attempt: int = 0) -> 
     subprocess.run(cmd, check=False)
     lines = path.read_text().splitlines()[start:] if path.exists() else []
     return [json.loads(line) for line in lines]
+
+
+def _folder(out: Path, model, precision, aio_first: bool, attempt: int) -> Path:
+    """Where one order of one row writes its records; a measurement again goes beside the first."""
+    again = f"-again{attempt}" if attempt else ""
+    return out / f"{model}-{precision}-aio-{'first' if aio_first else 'last'}{again}"
 
 
 def _knobs(record: dict) -> str:

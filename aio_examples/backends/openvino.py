@@ -103,10 +103,10 @@ class OpenVinoBackend(Backend):
                     performance_hint=str(compiled.get_property("PERFORMANCE_HINT")),
                     num_streams=int(compiled.get_property("NUM_STREAMS")), outputs="copied each pass",
                     **{k: str(compiled.get_property(KNOB_PROPERTIES[k])) for k in ctx.knobs if k in KNOB_PROPERTIES})
-        if precision == "int8" and read_back == "bf16":
-            info["rest_precision"] = "bf16"
         if precision == "int8":
             info["int8_layers"] = _int8_layers(compiled)
+            if read_back == "bf16":
+                info["rest_precision"] = "bf16"
 
         request = compiled.create_infer_request()
         def convert(tensors):

@@ -37,14 +37,15 @@ def run(seed: int, batch: int = 4, precision: str = "fp32"):
                      precision=precision)
 
 
-def handicap_the_kept_settings(monkeypatch):
-    """The settings kept so far are slowed by 2 ms a pass (a real sleep, really timed): every knob trial wins."""
+def handicap(monkeypatch, slowed=lambda passes: "kept" if "kept" in passes else None):
+    """Slow one of the passes each timing compares by 2 ms a pass (a real sleep, really timed): the one
+    `slowed(passes)` names, or none. By default the settings kept so far: every knob trial wins."""
     real = runner.time_passes
 
     def handicapped(passes, threads):
-        if "kept" in passes:
-            slow = passes["kept"]
-            passes = {**passes, "kept": lambda: (time.sleep(0.002), slow())[1]}
+        name = slowed(passes)
+        if name:
+            passes = {**passes, name: lambda f=passes[name]: (time.sleep(0.002), f())[1]}
         return real(passes, threads)
 
     monkeypatch.setattr(runner, "time_passes", handicapped)
@@ -73,7 +74,7 @@ def test_a_knob_that_wins_is_kept_applied_and_reused_from_the_cache(knobs_on, mo
     """With the defaults handicapped every knob trial wins: the first knob kept is applied to the next trial and
     to the run, and the decision cached with it is reused as it is."""
     monkeypatch.setattr(optimized, "STRATEGIES", ("onnxruntime",))
-    real = handicap_the_kept_settings(monkeypatch)
+    real = handicap(monkeypatch)
     first = run(1)
     tuning = first.backend_info["tuning"]
     assert tuning["knobs"] == {"allow_spinning": False, "graph_optimization": "extended"}, tuning["knob_trials"]
@@ -93,17 +94,17 @@ def test_a_win_that_a_fresh_instance_does_not_confirm_is_not_kept(knobs_on, monk
     """Each knob wins its first trial (the kept settings handicapped), then loses against a fresh instance of the
     kept settings (the knob's instance handicapped): nothing is kept, and the record says why."""
     monkeypatch.setattr(optimized, "STRATEGIES", ("onnxruntime",))
-    real, seen = runner.time_passes, set()
+    seen = set()
 
-    def first_won_then_lost(passes, threads):
-        if "kept" in passes:
-            (name,) = set(passes) - {"kept"}
-            slow = "kept" if name not in seen else name
-            seen.add(name)
-            passes = {**passes, slow: lambda f=passes[slow]: (time.sleep(0.002), f())[1]}
-        return real(passes, threads)
+    def first_won_then_lost(passes):
+        if "kept" not in passes:
+            return None
+        (name,) = set(passes) - {"kept"}
+        slow = "kept" if name not in seen else name
+        seen.add(name)
+        return slow
 
-    monkeypatch.setattr(runner, "time_passes", first_won_then_lost)
+    handicap(monkeypatch, first_won_then_lost)
     tuning = run(6).backend_info["tuning"]
     trials = tuning["knob_trials"]
     assert tuning["knobs"] == {}, trials
@@ -137,14 +138,7 @@ def test_openvino_at_int8_may_run_the_rest_in_bf16_and_says_so(knobs_on, monkeyp
     import openvino as ov
 
     monkeypatch.setattr(optimized, "STRATEGIES", ("openvino",))
-    real = runner.time_passes
-
-    def mixed_wins(passes, threads):        # the other knobs are timed as they are
-        if "int8_mixed_bf16" in passes:
-            passes = {**passes, "kept": lambda f=passes["kept"]: (time.sleep(0.002), f())[1]}
-        return real(passes, threads)
-
-    monkeypatch.setattr(runner, "time_passes", mixed_wins)
+    handicap(monkeypatch, lambda passes: "kept" if "int8_mixed_bf16" in passes else None)   # others as they are
     r = run(5, batch=16, precision="int8")           # at batch 4 OpenVINO runs these tiny GEMMs in fp32
     assert r.status == "ok" and r.check["passed"], r.reason
     trial = r.backend_info["tuning"]["knob_trials"]["int8_mixed_bf16"]
