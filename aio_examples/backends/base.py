@@ -116,6 +116,11 @@ class Backend:
 
         return weight_bytes * (0.5 if generator and precision in GENERATION_IN_BF16 else 1.0) * self.copies_held
 
+    def knob_reason(self, knob: str, precision: str) -> str | None:
+        """Why a knob of the optimized backend (PrepareContext.knobs) cannot apply at `precision` here, found
+        before a copy of the model is made for its trial (None: try it)."""
+        return None
+
     def working_copy(self, model, precision: str):
         """The copy of the built model (fp32, shared by every configuration) that `prepare` may change."""
         from .generation import generation_copy

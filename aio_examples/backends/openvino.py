@@ -62,6 +62,13 @@ class OpenVinoBackend(Backend):
             return _GENERATION
         return super().unsupported_reason(spec, precision)
 
+    def knob_reason(self, knob, precision):
+        if knob != MIXED_BF16:
+            return None
+        import openvino as ov
+
+        return _mixed_bf16_reason(precision, ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+
     def prepare(self, model, example_inputs, precision, threads, ctx):
         import numpy as np
         import openvino as ov
@@ -82,7 +89,10 @@ class OpenVinoBackend(Backend):
                 ("ir_load_s" if hit else "convert_s"): round(time.perf_counter() - start, 3)}
         mode = f"inference-precision-{hint}"
         if ctx.knobs.get(MIXED_BF16):
-            hint = _mixed_bf16(precision, capabilities)
+            reason = _mixed_bf16_reason(precision, capabilities)
+            if reason:
+                raise UnsupportedError(reason)
+            hint = "bf16"
         if precision == "int8":
             xml, int8_info = _quantized(model, xml, example_inputs, ctx, key)
             info.update(int8_info)
@@ -278,14 +288,14 @@ def _quantized(model, fp32_xml: Path, example_inputs, ctx, key: dict) -> tuple[P
                  ("int8_load_s" if hit else "quantize_s"): round(time.perf_counter() - start, 3)}
 
 
-def _mixed_bf16(precision: str, capabilities) -> str:
-    """The hint under the int8_mixed_bf16 knob, or why the knob does not apply here."""
+def _mixed_bf16_reason(precision: str, capabilities) -> str | None:
+    """Why the int8_mixed_bf16 knob does not apply here, or None."""
     if precision != "int8":
-        raise UnsupportedError(f"{MIXED_BF16} applies at int8 (to the layers left in floating point), not at {precision}")
+        return f"{MIXED_BF16} applies at int8 (to the layers left in floating point), not at {precision}"
     if "BF16" not in capabilities:
-        raise UnsupportedError(f"{MIXED_BF16} needs native BF16, which this CPU lacks "
-                               f"(OpenVINO OPTIMIZATION_CAPABILITIES: {', '.join(capabilities)})")
-    return "bf16"
+        return (f"{MIXED_BF16} needs native BF16, which this CPU lacks "
+                f"(OpenVINO OPTIMIZATION_CAPABILITIES: {', '.join(capabilities)})")
+    return None
 
 
 def _int8_layers(compiled) -> str:

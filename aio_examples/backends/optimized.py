@@ -262,6 +262,11 @@ class AioBackend(Backend):
         kept, trials, start = {}, {}, time.monotonic()
         for name, value in KNOBS[strategy]:
             trial = trials[name] = {"value": value}
+            reason = (_compiled_knob_reason(name, model, example_inputs, precision) if strategy == "compiled"
+                      else self.engines[strategy].knob_reason(name, precision))
+            if reason:                # known before a copy of the model is made for its trial
+                trial["not_tried"] = reason
+                continue
             spent = time.monotonic() - start
             short = _memory_short(weights * 2)
             if spent > budget or short:
@@ -569,6 +574,19 @@ def _prior_decision(decision_file, key: dict, prepared: dict) -> dict | None:
     return max(found, key=lambda f: f[0])[1] if found else None
 
 
+def _compiled_knob_reason(knob: str, model, example_inputs, precision) -> str | None:
+    """Why one of the compiled strategy's KNOBS cannot apply to this model at this precision, or None."""
+    import torch
+
+    from .int8 import is_conv_net
+
+    if knob == "channels_last" and not any(isinstance(m, torch.nn.Conv2d) for m in model.modules()):
+        return "the layout knob applies to conv nets, and this model has no Conv2d"
+    if precision == "int8" and is_conv_net(model, example_inputs):
+        return "the compiled strategy's knobs apply to aio's own graph, not to PT2E int8"
+    return None
+
+
 def _compiled(model, example_inputs, precision, threads, ctx, inductor: Backend | None = None) -> Prepared:
     """torch.compile(backend="aio") with the precision's implicit mode, channels-last for conv nets."""
     import torch
@@ -581,10 +599,12 @@ def _compiled(model, example_inputs, precision, threads, ctx, inductor: Backend 
     inputs, mode = example_inputs, "native"
     if is_generation_step(model):
         return _compiled_generation(model, example_inputs, precision, options)
+    for knob in ctx.knobs:
+        reason = _compiled_knob_reason(knob, model, example_inputs, precision)
+        if reason:
+            raise UnsupportedError(reason)
     knobs = dict(ctx.knobs)
     channels_last = knobs.pop("channels_last", None)
-    if channels_last is not None and not any(isinstance(m, torch.nn.Conv2d) for m in model.modules()):
-        raise UnsupportedError("the layout knob applies to conv nets, and this model has no Conv2d")
     options.update(knobs)         # inductor's cpp_wrapper, max_autotune
     if precision == "bf16":
         model, inputs, mode = prec.cast(model, example_inputs, "bf16")
@@ -597,8 +617,6 @@ def _compiled(model, example_inputs, precision, threads, ctx, inductor: Backend 
             # fp32: conv nets take static PT2E int8 lowered by inductor instead.
             if inductor is None:
                 raise UnsupportedError("int8 conv nets run on the inductor backend, and none was handed in")
-            if ctx.knobs:
-                raise UnsupportedError("the compiled strategy's knobs apply to aio's own graph, not to PT2E int8")
             prepared = inductor.prepare(model, example_inputs, precision, threads, ctx)
             prepared.info["int8_path"] = "PT2E static int8 lowered by inductor (conv net)"
             return prepared

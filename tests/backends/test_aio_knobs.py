@@ -126,9 +126,23 @@ def test_a_spent_budget_leaves_the_remaining_knobs_untried_and_says_so(knobs_on,
     monkeypatch.setattr(optimized, "STRATEGIES", ("openvino",))
     monkeypatch.setenv("AIO_KNOB_BUDGET_S", "0.5")
     trials = run(3).backend_info["tuning"]["knob_trials"]
-    first, *rest = trials.values()
-    assert "ms" in first                       # the budget is checked before each trial: spent after the first
-    assert rest and all("budget" in t["not_tried"] for t in rest), trials
+    assert "ms" in trials["cpu_pinning"]          # the budget is checked before each trial: spent after the first
+    assert "budget" in trials["denormals_optimization"]["not_tried"], trials
+    assert "applies at int8" in trials["int8_mixed_bf16"]["not_tried"]      # what cannot apply says why instead
+
+
+def test_a_knob_that_cannot_apply_is_refused_before_a_copy_is_made_for_it(knobs_on, monkeypatch):
+    """At fp32 int8_mixed_bf16 cannot apply: it says why, and no copy of the model is made for its trial (one
+    copy per timed trial and per fresh instance against it, none more)."""
+    monkeypatch.setattr(optimized, "STRATEGIES", ("openvino",))
+    copies, real_copy = [], optimized.AioBackend._copy
+    monkeypatch.setattr(optimized.AioBackend, "_copy",
+                        lambda self, strategy, model, precision: copies.append(strategy)
+                        or real_copy(self, strategy, model, precision))
+    trials = run(7).backend_info["tuning"]["knob_trials"]
+    assert trials["int8_mixed_bf16"]["not_tried"].startswith("int8_mixed_bf16 applies at int8"), trials
+    timed = sum(("ms" in t) + ("ms" in t.get("again", {})) for t in trials.values())
+    assert timed >= 2 and len(copies) == timed, (copies, trials)
 
 
 @pytest.mark.slow          # NNCF quantizes for each trial: 20 s
