@@ -101,7 +101,9 @@ class OnnxRuntimeBackend(Backend):
 def make_session(path: Path, threads: int, profile_dir: str | None = None, knobs: dict | None = None):
     """A CPU session with exactly `threads` intra-op threads, sequential, all graph optimizations on; profiled
     into `profile_dir` when given. `knobs`: `allow_spinning` False (idle threads sleep at once instead of
-    spinning for the next op), `graph_optimization` "extended" (no layout transformations to NCHWc)."""
+    spinning for the next op), `graph_optimization` "extended" (no layout transformations to NCHWc),
+    `dynamic_block_base` n (a parallel loop is handed out in blocks that shrink as it nears its end, the first
+    1/(threads*n) of it, instead of equal static shares)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -114,6 +116,8 @@ def make_session(path: Path, threads: int, profile_dir: str | None = None, knobs
         so.add_session_config_entry("session.intra_op.allow_spinning", "1" if knobs["allow_spinning"] else "0")
     if knobs.get("graph_optimization") == "extended":
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    if knobs.get("dynamic_block_base"):
+        so.add_session_config_entry("session.dynamic_block_base", str(knobs["dynamic_block_base"]))
     # ORT's failures reach the caller as exceptions; its own log lines (e.g. a failed session complaining it
     # has no profile to write) only when debugging.
     so.log_severity_level = 1 if logger.isEnabledFor(logging.DEBUG) else 4
@@ -134,7 +138,8 @@ def session_info(sess) -> dict:
     so = sess.get_session_options()
     return {"intra_op_num_threads": so.intra_op_num_threads, "inter_op_num_threads": so.inter_op_num_threads,
             "execution_mode": so.execution_mode.name, "graph_optimization_level": so.graph_optimization_level.name,
-            "allow_spinning": _config_entry(so, "session.intra_op.allow_spinning"), "providers": sess.get_providers()}
+            "allow_spinning": _config_entry(so, "session.intra_op.allow_spinning"),
+            "dynamic_block_base": _config_entry(so, "session.dynamic_block_base"), "providers": sess.get_providers()}
 
 
 def _config_entry(so, key: str) -> str:

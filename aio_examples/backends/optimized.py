@@ -57,8 +57,9 @@ KNOBS = {
     # inductor: kernels called from generated C++ rather than Python (per-pass overhead of small graphs);
     # GEMMs from autotuned C++ templates (AMX/AVX-512 microkernels); a conv net in its default layout
     "compiled": (("cpp_wrapper", True), ("max_autotune", True), ("channels_last", False)),
-    # ONNX Runtime: idle intra-op threads sleep instead of spinning; no NCHWc layout transformation
-    "onnxruntime": (("allow_spinning", False), ("graph_optimization", "extended")),
+    # ONNX Runtime: idle intra-op threads sleep instead of spinning; no NCHWc layout transformation; parallel
+    # loops handed out in shrinking blocks (ORT's suggested 4), which evens out the threads' shares
+    "onnxruntime": (("allow_spinning", False), ("graph_optimization", "extended"), ("dynamic_block_base", 4)),
     # OpenVINO: threads not pinned to cores; denormals flushed to zero; at int8, what NNCF left in floating
     # point run bf16 where the CPU has it (the output check at int8's tolerance still decides)
     "openvino": (("cpu_pinning", False), ("denormals_optimization", True), ("int8_mixed_bf16", True)),
@@ -130,7 +131,9 @@ class AioBackend(Backend):
                "cpu": f"{env.get('cpu_model')}|{platform.machine()}|{','.join(env.get('isa') or [])}",
                "versions": env["versions"], "strategies": list(strategies_for(model, self.engines)),
                "output_checked": ctx.check is not None,      # decisions taken without the check are not reused
-               "knobs_tuned": knobs_on, "split_tuned": split_settings()[0]}
+               # the knobs on offer: a decision taken before a knob was added tunes again
+               "knobs_tuned": knobs_on and {s: [n for n, _ in k] for s, k in KNOBS.items()},
+               "split_tuned": split_settings()[0]}
         decision_file = _decision_file(ctx.model_name, key)
         cached = _load_decision(decision_file)
         offered = strategies_for(model, self.engines)

@@ -67,6 +67,7 @@ def test_each_knob_of_the_chosen_strategy_is_timed_and_kept_only_where_it_wins(k
     session = r.backend_info["session"]        # what the session read back: the knobs kept, and only those
     assert (session["graph_optimization_level"] == "ORT_ENABLE_EXTENDED") == ("graph_optimization" in tuning["knobs"])
     assert (session["allow_spinning"] == "0") == ("allow_spinning" in tuning["knobs"])
+    assert (session["dynamic_block_base"] == "4") == ("dynamic_block_base" in tuning["knobs"])
     assert 0 < tuning["knob_tuning_s"] <= tuning["tuning_s"]
 
 
@@ -77,10 +78,11 @@ def test_a_knob_that_wins_is_kept_applied_and_reused_from_the_cache(knobs_on, mo
     real = handicap(monkeypatch)
     first = run(1)
     tuning = first.backend_info["tuning"]
-    assert tuning["knobs"] == {"allow_spinning": False, "graph_optimization": "extended"}, tuning["knob_trials"]
+    assert tuning["knobs"] == dict(optimized.KNOBS["onnxruntime"]), tuning["knob_trials"]
     assert all(t["again"]["kept"] for t in tuning["knob_trials"].values())     # and again, on a fresh instance
     assert first.backend_info["session"]["allow_spinning"] == "0"
     assert first.backend_info["session"]["graph_optimization_level"] == "ORT_ENABLE_EXTENDED"
+    assert first.backend_info["session"]["dynamic_block_base"] == "4"
     assert first.check["passed"]
     saved = json.loads(Path(tuning["file"]).read_text())
     assert saved["knobs"] == tuning["knobs"] and saved["strategy"] == "onnxruntime"
