@@ -14,6 +14,9 @@ overlapping in both orders. A row whose two orders disagree by more than 10% (ai
 1.00 in the other) has measured the order, not aio: it is measured once more (`--retries`), and if the
 orders still disagree its verdict is UNSTABLE, which is not a PASS, and it is left out of the geometric
 mean (printed over all rows too). `--render-only` recomputes the verdicts from the records already written.
+Each row also gives the best baseline's achieved FLOP/s as a share of this machine's measured matrix-multiply
+peak at that precision and thread count (`aio-examples peak`; "-" where none is cached, e.g. int8): how much
+any backend could still gain without computing less.
 
     python benchmarks/aio_vs_baselines.py [--models resnet_50_v1,mobilenet_v2,bert_base,distilbert_base]
         [--precisions fp32,bf16] [--threads 2] [--timeout 30] [--retries 1] [--output results/aio_vs_baselines]
@@ -51,6 +54,7 @@ def main() -> int:
                 runs = [_measure(model, precision, args, out, aio_first, attempt)
                         for aio_first in (True, False)]
                 row = _compare(model, precision, runs)
+                row["peak_share"] = _peak_share(runs, row, precision, args.threads)
                 again = _folder(out, model, precision, True, attempt + 1)
                 if not row["verdict"].startswith("UNSTABLE") or (args.render_only and not again.exists()):
                     break
@@ -58,11 +62,13 @@ def main() -> int:
             rows.append(row)
             ok &= row["verdict"].startswith("PASS")
             print(_line(row), flush=True)
-    print("\n| model | precision | aio (strategy) | knobs kept | best baseline | aio / best (aio first, last) | verdict |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| model | precision | aio (strategy) | knobs kept | best baseline | best's share of peak | "
+          "aio / best (aio first, last) | verdict |")
+    print("|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(f"| {row['model']} | {row['precision']} | {_ms(row['aio'])} ({row['strategy']}) | {row['knobs']} | "
-              f"{row['best']} {_ms(row['best_ms'])} | {_ratio(row)} ({row['orders']}) | {row['verdict']} |")
+              f"{row['best']} {_ms(row['best_ms'])} | {_pct(row['peak_share'])} | {_ratio(row)} ({row['orders']}) | "
+              f"{row['verdict']} |")
     measured = [r for r in rows if r["aio"] and r["best_ms"]]
     stable = [r for r in measured if not r["verdict"].startswith("UNSTABLE")]
     if stable:
@@ -134,6 +140,22 @@ def _compare(model, precision, runs: list[list[dict]]) -> dict:
         row["verdict"] = ("PASS" if excess <= 0 else "PASS (within noise)" if overlap or excess <= order_noise
                           else "FAIL")
     return row
+
+
+def _peak_share(runs, row, precision, threads) -> float | None:
+    """The best baseline's FLOP/s over this machine's cached GEMM peak at the precision and threads, or None."""
+    from aio_examples.machine.peak import peak_gflops
+
+    flops = next((r.get("metrics", {}).get("flops_per_pass") for records in runs for r in records
+                  if r.get("metrics", {}).get("flops_per_pass")), None)
+    peak = peak_gflops(precision, threads)
+    if not (flops and peak and row["best_ms"]):
+        return None
+    return flops / (row["best_ms"] / 1000) / 1e9 / peak
+
+
+def _pct(share) -> str:
+    return "-" if share is None else f"{share:.0%}"
 
 
 def _speedup(rows) -> float:

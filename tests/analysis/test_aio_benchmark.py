@@ -1,6 +1,7 @@
 """benchmarks/aio_vs_baselines.py's verdicts, from records written where the benchmark reads them."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -21,9 +22,10 @@ def _write(out, name, records):
     (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
-def _render(out, model="m"):
+def _render(out, model="m", env=None):
     done = subprocess.run([sys.executable, str(SCRIPT), "--models", model, "--precisions", "fp32",
-                           "--output", str(out), "--render-only"], check=False, capture_output=True, text=True, timeout=60)
+                           "--output", str(out), "--render-only"], check=False, capture_output=True, text=True,
+                          timeout=60, env=env)
     return done.returncode, done.stdout
 
 
@@ -59,3 +61,19 @@ def test_orders_that_agree_keep_the_noise_rule(tmp_path):
     _write(tmp_path, "n-fp32-aio-last", [_record("aio", 10.6, spread=0.001), _record("openvino", 10.0, spread=0.001)])
     code, out = _render(tmp_path, "n")
     assert code == 1 and "| FAIL |" in out
+
+
+def test_each_row_says_how_close_the_best_baseline_is_to_the_machines_peak(tmp_path, monkeypatch):
+    """2 GFLOP a pass in 10 ms is 200 GFLOP/s: half a cached fp32 peak of 400 at 2 threads; no peak, no share."""
+    from aio_examples.core.paths import write_json_atomic
+    from aio_examples.machine import peak
+
+    monkeypatch.setenv("AIO_CACHE_DIR", str(tmp_path / "cache"))
+    flops = {"metrics": {"flops_per_pass": 2e9}}
+    for order in ("first", "last"):
+        _write(tmp_path, f"m-fp32-aio-{order}", [{**_record("aio", 9.9), **flops}, {**_record("openvino", 10.0), **flops}])
+    env = dict(os.environ)
+    assert "| openvino 10.00 ms | - | 0.990" in _render(tmp_path, env=env)[1]
+    write_json_atomic(peak.cache_path(), {"fingerprint": peak.fingerprint(),
+                                          "peaks": {"fp32": {"2": {"gflops": 400.0, "engine": "torch"}}}})
+    assert "| openvino 10.00 ms | 50% | 0.990" in _render(tmp_path, env=env)[1]
