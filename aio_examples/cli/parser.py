@@ -161,7 +161,8 @@ def _add_reports(sub) -> None:
     """peak and report."""
     pk = sub.add_parser("peak", help="this machine's matrix-multiply peak per precision and threads, and its memory "
                                      "bandwidth per threads (cached)")
-    pk.add_argument("--precisions", type=comma_list("--precisions"), default=["fp32", "bf16"], help="comma list of fp32, bf16")
+    pk.add_argument("--precisions", type=comma_list("--precisions"), default=["fp32", "bf16", "int8"],
+                    help="comma list of fp32, bf16, int8 (int8: integer ops, counted like FLOPs)")
     pk.add_argument("--threads", type=ints("--threads"), default=None,
                     help="comma list (default: powers of two up to the physical cores, plus that)")
     pk.add_argument("--only", choices=("gemm", "bandwidth"), default=None,

@@ -17,7 +17,7 @@ from ..core.processes import run_isolated
 from .environment import capture
 from .threads import thread_env
 
-PEAK_PRECISIONS = ("fp32", "bf16")
+PEAK_PRECISIONS = ("fp32", "bf16", "int8")     # int8: integer multiply-adds, counted as 2 ops like FLOPs
 SIZE = 2048                    # large enough to be compute bound, small enough to take ~0.1 s a pass
 MEASURE_S = 2.0
 
@@ -98,6 +98,14 @@ def _engines(precision: str, threads: int) -> dict:
     torch.set_num_threads(threads)
     flops = 2.0 * SIZE ** 3
     out: dict = {}
+    if precision == "int8":     # int8 x int8 -> int32 (oneDNN's VNNI/AMX kernels where the CPU has them)
+        a, b = (torch.randint(-128, 128, (SIZE, SIZE), dtype=torch.int8) for _ in range(2))
+        try:
+            out["torch._int_mm"] = _time_gflops(lambda: torch._int_mm(a, b), flops)
+        except Exception as exc:  # noqa: BLE001
+            out["torch._int_mm"] = f"{type(exc).__name__}: {exc}"
+        out["openvino"] = _openvino_matmul(precision, threads, flops)
+        return out
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
     a, b = torch.randn(SIZE, SIZE).to(dtype), torch.randn(SIZE, SIZE).to(dtype)
     try:
@@ -112,28 +120,45 @@ def _engines(precision: str, threads: int) -> dict:
                 out["onednn-linear"] = _time_gflops(lambda: packed(a), flops)
         except Exception as exc:  # noqa: BLE001
             out["onednn-linear"] = f"{type(exc).__name__}: {exc}"
+    out["openvino"] = _openvino_matmul(precision, threads, flops)
+    return out
+
+
+def _openvino_matmul(precision: str, threads: int, flops: float):
+    """GFLOP/s of OpenVINO's MatMul at the precision (int8: both operands through FakeQuantize, which its
+    low-precision transformations turn into an int8 GEMM), or why it could not be measured."""
     try:
         import numpy as np
         import openvino as ov
         from openvino import opset13 as ops
 
-        x = ops.parameter([SIZE, SIZE], np.float32)
-        model = ov.Model([ops.matmul(x, ops.constant(np.random.rand(SIZE, SIZE).astype(np.float32)), False, False)],
-                         [x])
-        hint = {"fp32": "f32", "bf16": "bf16"}[precision]
+        param = x = ops.parameter([SIZE, SIZE], np.float32)
+        w = ops.constant(np.random.rand(SIZE, SIZE).astype(np.float32) - 0.5)
+        if precision == "int8":
+            def quantized(node, low, high, levels):
+                bounds = [ops.constant(np.array(v, np.float32)) for v in (low, high, low, high)]
+                return ops.fake_quantize(node, *bounds, levels)
+
+            # u8 activations, symmetric s8 weights (255 levels: a whole zero point), as NNCF quantizes them
+            x, w = quantized(x, 0.0, 1.0, 256), quantized(w, -0.5, 0.5, 255)
+        model = ov.Model([ops.matmul(x, w, False, True)], [param])      # weights [out, in], as a Linear's
+        hint = {"fp32": "f32", "bf16": "bf16", "int8": "f32"}[precision]
         compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": threads,
                                                          "INFERENCE_PRECISION_HINT": hint,
                                                          "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1})
         runs = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
         if runs != hint:           # e.g. bf16 asked on a CPU without native bf16: not this precision's peak
-            out["openvino"] = f"runs {runs}, not {hint}"
-        else:
-            request = compiled.create_infer_request()
-            xin = np.random.rand(SIZE, SIZE).astype(np.float32)
-            out["openvino"] = _time_gflops(lambda: request.infer([xin], share_inputs=True), flops)
+            return f"runs {runs}, not {hint}"
+        if precision == "int8":
+            gemms = [op.get_rt_info()["runtimePrecision"].astype(str) for op in compiled.get_runtime_model().get_ops()
+                     if op.get_rt_info()["layerType"].astype(str) in ("FullyConnected", "MatMul")]
+            if not any(g in ("i8", "u8") for g in gemms):
+                return f"the GEMM runs {', '.join(gemms) or 'nowhere'}, not int8"
+        request = compiled.create_infer_request()
+        xin = np.random.rand(SIZE, SIZE).astype(np.float32)
+        return _time_gflops(lambda: request.infer([xin], share_inputs=True), flops)
     except Exception as exc:  # noqa: BLE001
-        out["openvino"] = f"{type(exc).__name__}: {exc}"
-    return out
+        return f"{type(exc).__name__}: {exc}"
 
 
 if __name__ == "__main__":          # one (precision, threads) measurement in its own process

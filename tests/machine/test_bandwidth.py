@@ -125,3 +125,16 @@ def test_peak_prints_the_bandwidth_per_thread_count(tmp_path):
     assert set(stored["bandwidth"]) == {"1"}
     bad = run_cli(["-m", "aio_examples", "peak", "--only", "flops"])
     assert bad.returncode == 2 and "--only" in bad.stderr
+
+
+def test_the_int8_gemm_peak_is_measured_on_integer_kernels(tmp_path):
+    """int8: torch's int8 x int8 -> int32 GEMM and OpenVINO's FakeQuantize MatMul, which must run as an int8 GEMM
+    (its runtime precision read back) to count; the figure is cached with fp32's and bf16's."""
+    proc = run_cli(["-m", "aio_examples", "peak", "--only", "gemm", "--precisions", "int8", "--threads", "1"],
+                   env={"AIO_CACHE_DIR": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "int8 1 thread(s):" in proc.stdout
+    stored = json.loads(next((tmp_path / "cache" / "peak").glob("*.json")).read_text())
+    entry = stored["peaks"]["int8"]["1"]
+    assert isinstance(entry["engines"]["openvino"], float), entry      # an int8 GEMM ran
+    assert entry["gflops"] == max(v for v in entry["engines"].values() if isinstance(v, float)) > 0
