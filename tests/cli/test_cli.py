@@ -140,6 +140,23 @@ def test_flops_are_counted_once_per_shape_and_cached(tmp_path, monkeypatch):
     assert cached_flops(resnet50, resnet50.shape(input_size=64)) == 7
 
 
+def test_attention_is_counted_through_the_fused_paths():
+    """nn.MultiheadAttention's fused inference path and CPU flash attention are counted like their unfused
+    ops: an encoder layer's projections, both attention matmuls and its MLP, each 2 x multiply-adds."""
+    import torch
+
+    from aio_examples.measurement.flops import flops_of
+
+    e, seq, ff = 16, 8, 32
+    layer = torch.nn.TransformerEncoderLayer(e, 2, dim_feedforward=ff, batch_first=True).eval()
+    x = torch.randn(1, seq, e)
+    expected = 2 * seq * e * 3 * e + 2 * seq * e * e + 2 * (2 * seq * seq * e) + 2 * (2 * seq * e * ff)
+    assert flops_of(lambda: layer(x)) == expected
+    assert torch.backends.mha.get_fastpath_enabled()          # turned back on after counting
+    q = torch.randn(1, 2, seq, e // 2)
+    assert flops_of(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q)) == 2 * (2 * seq * seq * e)
+
+
 @pytest.mark.slow      # counts every zoo model at its full shape (the UNet, Llama 3.2 1B...): minutes
 def test_list_counts_flops_once_and_caches_them(tmp_path):
     cache = tmp_path / "cache"
