@@ -15,7 +15,7 @@ overlapping in both orders. A row whose two orders disagree by more than 10% (ai
 orders still disagree its verdict is UNSTABLE, which is not a PASS, and it is left out of the geometric
 mean (printed over all rows too). `--render-only` recomputes the verdicts from the records already written.
 Each row also gives the best baseline's achieved FLOP/s as a share of this machine's measured matrix-multiply
-peak at that precision and thread count (`aio-examples peak`; "-" where none is cached, e.g. int8): how much
+peak at that precision and thread count (`aio-examples peak`; "-" where none is cached): how much
 any backend could still gain without computing less.
 
     python benchmarks/aio_vs_baselines.py [--models resnet_50_v1,mobilenet_v2,bert_base,distilbert_base]

@@ -265,7 +265,7 @@ class AioBackend(Backend):
         kept, trials, start = {}, {}, time.monotonic()
         for name, value in KNOBS[strategy]:
             trial = trials[name] = {"value": value}
-            reason = (_compiled_knob_reason(name, model, example_inputs, precision) if strategy == "compiled"
+            reason = (_compiled_knob_reason((name,), model, example_inputs, precision) if strategy == "compiled"
                       else self.engines[strategy].knob_reason(name, precision))
             if reason:                # known before a copy of the model is made for its trial
                 trial["not_tried"] = reason
@@ -577,15 +577,16 @@ def _prior_decision(decision_file, key: dict, prepared: dict) -> dict | None:
     return max(found, key=lambda f: f[0])[1] if found else None
 
 
-def _compiled_knob_reason(knob: str, model, example_inputs, precision) -> str | None:
-    """Why one of the compiled strategy's KNOBS cannot apply to this model at this precision, or None."""
+def _compiled_knob_reason(knobs, model, example_inputs, precision) -> str | None:
+    """Why the compiled strategy cannot take these of its KNOBS for this model at this precision, or None (the
+    conv-net test, a pass with hooks, runs at most once)."""
     import torch
 
     from .int8 import is_conv_net
 
-    if knob == "channels_last" and not any(isinstance(m, torch.nn.Conv2d) for m in model.modules()):
+    if "channels_last" in knobs and not any(isinstance(m, torch.nn.Conv2d) for m in model.modules()):
         return "the layout knob applies to conv nets, and this model has no Conv2d"
-    if precision == "int8" and is_conv_net(model, example_inputs):
+    if knobs and precision == "int8" and is_conv_net(model, example_inputs):
         return "the compiled strategy's knobs apply to aio's own graph, not to PT2E int8"
     return None
 
@@ -602,10 +603,9 @@ def _compiled(model, example_inputs, precision, threads, ctx, inductor: Backend 
     inputs, mode = example_inputs, "native"
     if is_generation_step(model):
         return _compiled_generation(model, example_inputs, precision, options)
-    for knob in ctx.knobs:
-        reason = _compiled_knob_reason(knob, model, example_inputs, precision)
-        if reason:
-            raise UnsupportedError(reason)
+    reason = _compiled_knob_reason(ctx.knobs, model, example_inputs, precision)
+    if reason:
+        raise UnsupportedError(reason)
     knobs = dict(ctx.knobs)
     channels_last = knobs.pop("channels_last", None)
     options.update(knobs)         # inductor's cpp_wrapper, max_autotune
