@@ -263,9 +263,11 @@ class AioBackend(Backend):
 
         budget = knob_settings()[1]
         kept, trials, start = {}, {}, time.monotonic()
+        compiled_reasons = (_compiled_knob_reasons([n for n, _ in KNOBS[strategy]], model, example_inputs, precision)
+                            if strategy == "compiled" else {})
         for name, value in KNOBS[strategy]:
             trial = trials[name] = {"value": value}
-            reason = (_compiled_knob_reason((name,), model, example_inputs, precision) if strategy == "compiled"
+            reason = (compiled_reasons[name] if strategy == "compiled"
                       else self.engines[strategy].knob_reason(name, precision))
             if reason:                # known before a copy of the model is made for its trial
                 trial["not_tried"] = reason
@@ -577,18 +579,19 @@ def _prior_decision(decision_file, key: dict, prepared: dict) -> dict | None:
     return max(found, key=lambda f: f[0])[1] if found else None
 
 
-def _compiled_knob_reason(knobs, model, example_inputs, precision) -> str | None:
-    """Why the compiled strategy cannot take these of its KNOBS for this model at this precision, or None (the
-    conv-net test, a pass with hooks, runs at most once)."""
+def _compiled_knob_reasons(knobs, model, example_inputs, precision) -> dict:
+    """Each of these of the compiled strategy's KNOBS -> why it cannot apply to this model at this precision, or
+    None (the conv-net test, a pass with hooks, runs at most once for them all)."""
     import torch
 
     from .int8 import is_conv_net
 
-    if "channels_last" in knobs and not any(isinstance(m, torch.nn.Conv2d) for m in model.modules()):
-        return "the layout knob applies to conv nets, and this model has no Conv2d"
-    if knobs and precision == "int8" and is_conv_net(model, example_inputs):
-        return "the compiled strategy's knobs apply to aio's own graph, not to PT2E int8"
-    return None
+    pt2e = bool(knobs) and precision == "int8" and is_conv_net(model, example_inputs)
+    no_conv = not any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+    return {knob: "the layout knob applies to conv nets, and this model has no Conv2d"
+            if knob == "channels_last" and no_conv
+            else "the compiled strategy's knobs apply to aio's own graph, not to PT2E int8" if pt2e else None
+            for knob in knobs}
 
 
 def _compiled(model, example_inputs, precision, threads, ctx, inductor: Backend | None = None) -> Prepared:
@@ -603,7 +606,8 @@ def _compiled(model, example_inputs, precision, threads, ctx, inductor: Backend 
     inputs, mode = example_inputs, "native"
     if is_generation_step(model):
         return _compiled_generation(model, example_inputs, precision, options)
-    reason = _compiled_knob_reason(ctx.knobs, model, example_inputs, precision)
+    reasons = _compiled_knob_reasons(ctx.knobs, model, example_inputs, precision)
+    reason = reasons.get("channels_last") or next(filter(None, reasons.values()), None)    # the layout's first
     if reason:
         raise UnsupportedError(reason)
     knobs = dict(ctx.knobs)
