@@ -37,6 +37,9 @@ KNOB_PROPERTIES = {"cpu_pinning": "ENABLE_CPU_PINNING", "denormals_optimization"
 # and one that sets the inference precision: at int8, the layers NNCF leaves in floating point (softmax, norms,
 # activations, unquantized GEMMs) run bf16 ("int8-mixed-bf16"), on a CPU with native bf16
 MIXED_BF16 = "int8_mixed_bf16"
+# and one that binds the inputs to the infer request once, as tensors sharing the arrays' memory, instead of
+# wrapping each input anew on every pass: a fixed saving per pass (23 us of mobilenet_v2 int8's 0.72 ms here)
+IO_BINDING = "io_binding"
 
 
 class OpenVinoBackend(Backend):
@@ -128,10 +131,31 @@ class OpenVinoBackend(Backend):
             # next pass before it is checked; the cost is one copy of the outputs.
             return list(request.infer(list(inputs), share_inputs=True).to_tuple())
 
+        if ctx.knobs.get(IO_BINDING):
+            run = _bound(ov, request, len(compiled.outputs))
+            info[IO_BINDING] = "inputs bound once as shared-memory tensors, bound again only for new arrays"
+
         def profile(passes, trace):
             return "openvino performance counters", _layer_profile(core, xml, config, convert(example_inputs), passes), None
 
         return Prepared(run, convert(example_inputs), mode, info, convert=convert, profile=profile)
+
+
+def _bound(ov, request, outputs: int):
+    """A pass on `request` whose inputs stay bound between calls: an input is bound again only when a call
+    brings another array object (a new request's data), so passes on the same arrays skip the wrapping. Shared
+    memory reads the arrays at each inference, so data changed in place is seen; outputs are copied as in `run`."""
+    bound: list = []
+
+    def run(*inputs):
+        if len(inputs) != len(bound) or any(a is not b for a, b in zip(inputs, bound)):
+            for i, array in enumerate(inputs):
+                request.set_input_tensor(i, ov.Tensor(array, shared_memory=True))
+            bound[:] = inputs
+        request.infer()
+        return [request.get_output_tensor(i).data.copy() for i in range(outputs)]
+
+    return run
 
 
 def _layer_profile(core, xml, config: dict, inputs: tuple, passes: int) -> list[dict]:

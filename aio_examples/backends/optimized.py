@@ -61,8 +61,10 @@ KNOBS = {
     # loops handed out in shrinking blocks (ORT's suggested 4), which evens out the threads' shares
     "onnxruntime": (("allow_spinning", False), ("graph_optimization", "extended"), ("dynamic_block_base", 4)),
     # OpenVINO: threads not pinned to cores; denormals flushed to zero; at int8, what NNCF left in floating
-    # point run bf16 where the CPU has it (the output check at int8's tolerance still decides)
-    "openvino": (("cpu_pinning", False), ("denormals_optimization", True), ("int8_mixed_bf16", True)),
+    # point run bf16 where the CPU has it (the output check at int8's tolerance still decides); inputs bound
+    # to the infer request once (zero copy) rather than wrapped on every pass, which small models notice
+    "openvino": (("cpu_pinning", False), ("denormals_optimization", True), ("int8_mixed_bf16", True),
+                 ("io_binding", True)),
 }
 # Engines taking turns in one pass must not keep spinning on the cores the next one needs: ONNX Runtime's idle
 # intra-op threads spin by default (they then held both cores while OpenVINO ran the next segment, and a split
