@@ -55,9 +55,9 @@ def _case(module_class):
     return module, (torch.randn(4, 32, generator=gen), torch.randn(4, 32, generator=gen))
 
 
-def _prepare(module, inputs, precision="fp32", threads=1, knobs=None):
+def _prepare(module, inputs, precision="fp32", threads=1):
     ctx = PrepareContext(model_name=type(module).__name__, task="custom", family="custom", shape={},
-                         batch_size=int(inputs[0].shape[0]), weights_id=weights_digest(module), knobs=knobs or {})
+                         batch_size=int(inputs[0].shape[0]), weights_id=weights_digest(module))
     return BACKEND.prepare(module, inputs, precision, threads, ctx)
 
 
@@ -89,29 +89,6 @@ def test_outputs_are_not_overwritten_by_the_next_pass():
     first = prepared.fn(*prepared.inputs)
     kept = [a.copy() for a in first]
     prepared.fn(*(a * 3 for a in prepared.inputs))
-    for a, b in zip(first, kept):
-        np.testing.assert_array_equal(a, b)
-
-
-def test_io_binding_answers_new_arrays_and_data_changed_in_place_and_keeps_each_pass_s_outputs():
-    """The bound inputs must never serve a stale answer: a new array is bound again, an array changed in
-    place is read afresh, and each pass's outputs survive the next pass."""
-    module, inputs = _case(TwoInputMLP)
-    prepared = _prepare(module, inputs, knobs={"io_binding": True})
-    assert "shared-memory" in prepared.info["io_binding"]
-    first = prepared.fn(*prepared.inputs)
-    for got, want in zip(first, _expected(module, inputs)):
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-    kept = [a.copy() for a in first]
-    other = tuple(torch.randn(4, 32, generator=torch.Generator().manual_seed(7)) for _ in range(2))
-    for got, want in zip(prepared.fn(*prepared.convert(other)), _expected(module, other)):
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-    mine = prepared.inputs
-    prepared.fn(*mine)                     # bound to these arrays again
-    mine[0][...] *= -1                     # then changed in place: no new binding, the new data must be read
-    changed = tuple(torch.from_numpy(a.copy()) for a in mine)
-    for got, want in zip(prepared.fn(*mine), _expected(module, changed)):
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     for a, b in zip(first, kept):
         np.testing.assert_array_equal(a, b)
 
