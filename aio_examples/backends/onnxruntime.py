@@ -21,12 +21,9 @@ from pathlib import Path
 from ..core.errors import UnsupportedError, short_error
 from ..core.log import logger
 from .artifacts import digests, intact, key
-from .base import Backend, Prepared
+from .base import IO_BINDING, Backend, Prepared, bound_pass
 from .exports import PROTOBUF_LIMIT, atomic_files, export_onnx, input_names
 
-# The optimized backend's knob (optimized.py KNOBS) binding the inputs once through an IOBinding instead of
-# building the feeds on every pass
-IO_BINDING = "io_binding"
 GENERATION_REASON = ("text generation steps a mutable static KV cache held by the torch model; "
                      "an exported ONNX graph cannot carry that cache between calls")
 CALIBRATION_SAMPLES = 8
@@ -106,22 +103,21 @@ class OnnxRuntimeBackend(Backend):
 
 
 def _bound(sess, names: tuple):
-    """A pass through an IOBinding whose inputs stay bound between calls: an input is bound again only when a
-    call brings another array object, so passes on the same arrays skip building the feeds. The binding reads
-    the arrays' memory, so data changed in place is seen; outputs are allocated by ORT and copied out."""
-    binding, bound = sess.io_binding(), []
+    """A pass through an IOBinding with its inputs bound once instead of fed anew on every pass; outputs are
+    allocated by ORT and copied out."""
+    binding = sess.io_binding()
     for out in sess.get_outputs():
         binding.bind_output(out.name, "cpu")
 
-    def run(*arrays):
-        if len(arrays) != len(bound) or any(a is not b for a, b in zip(arrays, bound)):
-            for name, array in zip(names, arrays):
-                binding.bind_cpu_input(name, array)
-            bound[:] = arrays
+    def bind(arrays):
+        for name, array in zip(names, arrays):
+            binding.bind_cpu_input(name, array)
+
+    def infer():
         sess.run_with_iobinding(binding)
         return binding.copy_outputs_to_cpu()
 
-    return run
+    return bound_pass(bind, infer)
 
 
 def make_session(path: Path, threads: int, profile_dir: str | None = None, knobs: dict | None = None):
