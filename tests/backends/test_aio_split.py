@@ -87,6 +87,7 @@ def run():
     return benchmark(Layers().eval(), example_inputs=inputs(), backend="aio", threads=1, num_runs=3)
 
 
+@pytest.mark.slow       # a long end-to-end run: the second tier keeps the default one under 15 minutes
 def test_a_split_that_wins_is_kept_checked_recorded_and_reused_from_the_cache(split_on, monkeypatch):
     calls = handicapped(monkeypatch, "kept")
     first = run()

@@ -57,6 +57,7 @@ def _check_engine_records(results, backend, modes, logits=True):
             assert r.check["cosine"] < 0.9999          # int4's own error shows: not a copy of the reference
 
 
+@pytest.mark.slow       # a long end-to-end run: the second tier keeps the default one under 15 minutes
 @needs("onnxruntime_genai")
 def test_onnxruntime_genai_runs_the_built_weights_and_caches_its_model(tmp_path):
     results = engine_run(tmp_path, "onnxruntime_genai", ["fp32", "int4"])

@@ -57,6 +57,7 @@ def records(out):
     return {r["backend"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
 
 
+@pytest.mark.slow       # a long end-to-end run: the second tier keeps the default one under 15 minutes
 def test_an_exported_program_runs_on_every_backend_with_its_own_inputs(files, tmp_path):
     proc = run_cli(["-m", "aio_examples", "run", "--model-file", str(files / "mlp.pt2"),
                     "--backend", "eager,inductor,onnxruntime,openvino", "--timeout", "0.5", "-t", "1",

@@ -205,6 +205,7 @@ def test_backends_take_a_datasets_later_batches_in_their_own_form():
             assert np.allclose(np.asarray(got), expected, atol=1e-4), name
 
 
+@pytest.mark.slow       # a long end-to-end run: the second tier keeps the default one under 15 minutes
 def test_a_sweep_scores_each_model_on_its_dataset_and_records_a_point_whose_data_fails(trained_digits, tmp_path):
     images, labels, _ = trained_digits
     broken = tmp_path / "broken"

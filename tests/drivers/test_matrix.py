@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from conftest import run_cli
 
 from aio_examples.core.processes import run_isolated
@@ -26,6 +27,7 @@ def test_a_clean_exit_is_not_a_crash():
     assert not out.crashed and out.returncode == 1
 
 
+@pytest.mark.slow       # a long end-to-end run: the second tier keeps the default one under 15 minutes
 def test_matrix_runs_each_cell_renders_and_resumes(tmp_path):
     out = tmp_path / "mx"
     args = ["-m", "aio_examples", "matrix", "--models", "squeezenet", "--backends", "eager,torchscript",

@@ -147,6 +147,7 @@ def test_openvino_under_a_preloaded_allocator_is_unsupported_with_why(tmp_path):
     assert "glibc.malloc.hugetlb=1" in got[("openvino", "hugetlb")]["env"]["env_vars"]["GLIBC_TUNABLES"]
 
 
+@pytest.mark.slow       # a long end-to-end run: the second tier keeps the default one under 15 minutes
 @needs_numactl
 def test_two_instances_on_disjoint_cores_sum_their_throughput(tmp_path):
     proc = run_cli(["-m", "aio_examples", "throughput", "squeezenet", "--instances", "2", "--threads-per-instance",
@@ -272,6 +273,7 @@ def test_points_taking_turns_interleave_their_rounds_and_one_that_dies_does_not_
     assert again.returncode == 0 and "0 point(s) run" in again.stdout and "3 already done" in again.stdout
 
 
+@pytest.mark.slow       # a long end-to-end run: the second tier keeps the default one under 15 minutes
 def test_a_group_taking_turns_stops_growing_when_memory_is_short(tmp_path, monkeypatch):
     """With no memory to spare for another process, each point runs alone: its turns are all its own."""
     from aio_examples.drivers import sweep as sweep_mod
@@ -331,6 +333,7 @@ def test_a_point_is_identified_by_its_configuration_key_and_outputs_of_release_0
     assert (summary.total, summary.skipped, summary.statuses) == (2, 2, {})
 
 
+@pytest.mark.slow       # a long end-to-end run: the second tier keeps the default one under 15 minutes
 def test_a_second_sweep_into_a_folder_a_sweep_is_writing_to_is_refused_naming_the_holder(tmp_path):
     out = tmp_path / "sweep"
     first = subprocess.Popen([sys.executable, "-m", "aio_examples", "sweep", *SMALL, "--output", str(out),
@@ -368,6 +371,7 @@ def test_render_only_on_a_folder_without_records_refuses_instead_of_writing_dash
     assert "the matrix" in readme.read_text() and not (tmp_path / "typo").exists()
 
 
+@pytest.mark.slow       # a long end-to-end run: the second tier keeps the default one under 15 minutes
 def test_sigterm_stops_a_sweep_like_ctrl_c_and_the_rerun_resumes(tmp_path):
     out = tmp_path / "sweep"
     args = [sys.executable, "-m", "aio_examples", "sweep", *SMALL, "--output", str(out), "--backends",

@@ -25,6 +25,7 @@ def test_ops_fall_in_their_category(op, expected):
     assert category(op) == expected
 
 
+@pytest.mark.slow       # a long end-to-end run: the second tier keeps the default one under 15 minutes
 def test_run_py_profiles_each_backend_with_its_own_profiler(tmp_path):
     out = tmp_path / "res"
     proc = run_cli(["run.py", "--profile", "--backend", "eager,onnxruntime,openvino", "--input-size", "32",

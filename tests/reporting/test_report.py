@@ -144,6 +144,7 @@ def test_report_command_names_a_bad_input(tmp_path):
     assert broken.returncode == 2 and f"{bad}:2" in broken.stderr
 
 
+@pytest.mark.slow       # a long end-to-end run: the second tier keeps the default one under 15 minutes
 def test_peak_is_measured_per_precision_and_threads_and_gives_every_counted_record_a_share(small_sweep, tmp_path):
     proc = run_cli(["-m", "aio_examples", "peak", "--precisions", "fp32", "--threads", "1,2"])
     assert proc.returncode == 0, proc.stderr[-2000:]
