@@ -36,6 +36,14 @@ def trained_digits(tmp_path_factory):
     return digits.prepare(tmp_path_factory.mktemp("digits"))
 
 
+@pytest.fixture(scope="module")
+def held_out_digits(tmp_path_factory):
+    """(images, labels file) of the held-out digits alone: the tests that read the data need no training."""
+    images = tmp_path_factory.mktemp("digits") / "val"
+    return images, digits.write_folder(digits.split()[1], images)
+
+
+@pytest.mark.slow       # trains a classifier first (~40 s): the second tier keeps the default one under 15 minutes
 def test_a_classifier_trained_on_digits_scores_far_above_chance_through_run_py(trained_digits, tmp_path):
     images, labels, weights = trained_digits
     out = tmp_path / "results"
@@ -61,8 +69,8 @@ def test_a_classifier_trained_on_digits_scores_far_above_chance_through_run_py(t
     assert "top_1" in proc.stdout and "accuracy" in proc.stdout
 
 
-def test_flags_win_over_variables_and_num_samples_limits_the_samples(trained_digits):
-    images, labels, _ = trained_digits
+def test_flags_win_over_variables_and_num_samples_limits_the_samples(held_out_digits):
+    images, labels = held_out_digits
     environ = {"IMAGENET_IMG_PATH": "/nowhere", "IMAGENET_LABELS_PATH": "/nowhere.txt"}
     ds = resolve("image-classification", f"imagenet:{images}", str(labels), 50, environ=environ)
     assert len(ds.samples) == 50 and ds.describe()["kind"] == "imagenet"
@@ -257,6 +265,7 @@ def test_every_backend_keeps_the_trained_digits_accuracy_at_every_precision_it_r
         assert abs(r.accuracy["delta_vs_eager_fp32"]["top_1"]) <= 0.01
 
 
+@pytest.mark.slow       # trains a classifier first (~40 s): the second tier keeps the default one under 15 minutes
 def test_loadgen_accuracy_mode_scores_the_served_answers(trained_digits, tmp_path):
     """LoadGen issues every digit once; the answers it logged, scored, are eager fp32's own."""
     pytest.importorskip("mlperf_loadgen")

@@ -217,6 +217,7 @@ def test_instances_auto_searches_the_peak_of_every_layout(tmp_path):
         assert f"best layout: {best.instances} instance(s) x {best.threads} thread(s)" in proc.stdout
 
 
+@pytest.mark.slow       # a long end-to-end run: the second tier keeps the default one under 15 minutes
 def test_cli_prints_an_offline_result(tmp_path):
     proc = run_cli(["-m", "aio_examples", "loadgen", MODEL, "--input-size", "32", "--scenario", "Offline",
                     "--duration", "1", "--backend", "eager", "--threads-per-instance", "1", "--output", str(tmp_path)],
