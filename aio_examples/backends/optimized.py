@@ -76,11 +76,17 @@ KNOB_BUDGET_S = 180.0       # seconds of knob trials (preparing and timing) befo
 KNOB_MIN_GAIN = 0.01        # a knob is kept when it is this much faster, beyond noise: not for a tie split finely
 
 
+def _switch(name: str, what: str) -> bool:
+    """An on/off variable: 1 (the default, `what`) or 0."""
+    on = os.environ.get(name, "1").strip()
+    if on not in ("0", "1"):
+        raise UsageError(f"{name}={on!r} is invalid; accepted: 1 ({what}, the default) or 0")
+    return on == "1"
+
+
 def _stage_settings(switch: str, budget_var: str, default_budget: float, what: str) -> tuple[bool, float]:
     """A tuning stage's on/off variable (1, the default, or 0) and its budget variable (seconds >= 0)."""
-    on = os.environ.get(switch, "1").strip()
-    if on not in ("0", "1"):
-        raise UsageError(f"{switch}={on!r} is invalid; accepted: 1 ({what}, the default) or 0")
+    on = _switch(switch, what)
     raw = os.environ.get(budget_var, str(default_budget)).strip()
     try:
         budget = float(raw)
@@ -88,7 +94,7 @@ def _stage_settings(switch: str, budget_var: str, default_budget: float, what: s
         budget = -1.0
     if not budget >= 0:
         raise UsageError(f"{budget_var}={raw!r} is invalid; accepted: seconds, a number >= 0")
-    return on == "1", budget
+    return on, budget
 
 
 def knob_settings() -> tuple[bool, float]:
@@ -106,12 +112,14 @@ def split_settings() -> tuple[bool, float]:
     return _stage_settings("AIO_TUNE_SPLIT", "AIO_SPLIT_BUDGET_S", SPLIT_BUDGET_S, "try splitting")
 
 
+def rows_setting() -> bool:
+    """`AIO_TUNE_ROWS` (1, the default: try the model computing only the rows its output reads; 0: as built)."""
+    return _switch("AIO_TUNE_ROWS", "try computing only the rows read")
+
+
 def process_mode() -> bool:
     """`AIO_PROCESS_MODE`: 1 (default) runs the optimized backend, 0 falls back to eager."""
-    value = os.environ.get("AIO_PROCESS_MODE", "1").strip()
-    if value not in ("0", "1"):
-        raise UsageError(f"AIO_PROCESS_MODE={value!r} is invalid; accepted: 0 (fall back to eager) or 1")
-    return value == "1"
+    return _switch("AIO_PROCESS_MODE", "run the optimized backend; 0 falls back to eager")
 
 
 class AioBackend(Backend):
@@ -137,13 +145,16 @@ class AioBackend(Backend):
                "output_checked": ctx.check is not None,      # decisions taken without the check are not reused
                # the knobs on offer: a decision taken before a knob was added tunes again
                "knobs_tuned": knobs_on and {s: [n for n, _ in k] for s, k in KNOBS.items()},
-               "split_tuned": split_settings()[0]}
+               "split_tuned": split_settings()[0], "rows_tuned": rows_setting()}
         decision_file = _decision_file(ctx.model_name, key)
         cached = _load_decision(decision_file)
         offered = strategies_for(model, self.engines)
         if cached and (cached["strategy"] in offered
                        or cached["strategy"] == "split" and set(cached["split"]["plan"]) <= set(offered)):
             try:
+                rows = (cached.get("rows") or {}).get("kept")
+                if rows:
+                    model, ctx, narrowed = _rows_model(model, example_inputs, ctx)
                 if cached["strategy"] == "split":
                     prepared = self._prepare_split(model, example_inputs, precision, threads, ctx, cached)
                 else:
@@ -154,6 +165,8 @@ class AioBackend(Backend):
             else:
                 prepared.info.update({"strategy": cached["strategy"],
                                       "tuning": {**cached, "cached": True, "file": str(decision_file)}})
+                if rows:
+                    prepared.info["rows"] = _rows_note(narrowed)
                 return prepared
         return self._tune(model, example_inputs, precision, threads, ctx, decision_file, {"model": ctx.model_name,
                                                                                            **key})
@@ -208,7 +221,7 @@ class AioBackend(Backend):
         if not prepared:
             raise UnsupportedError("no aio strategy runs this model at " + precision + ": "
                                    + "; ".join(f"{k}: {v}" for k, v in refused.items()))
-        knobs = splits = False
+        knobs = splits = rows = False
         if ctx.time_passes is None:
             best = next(iter(prepared))
             tuning = {"not_tuned": "no timing function handed in", "refused": refused}
@@ -216,8 +229,9 @@ class AioBackend(Backend):
         else:
             knobs = key.get("knobs_tuned") and best_has_knobs(prepared, model)
             splits = key.get("split_tuned") and may_split(prepared, model)
+            rows = key.get("rows_tuned") and not is_generation_step(model) and onnx_source(model) is None
             best, tuning = _choose(prepared, refused, ctx.time_passes, threads, decision_file, key,
-                                   save=not (knobs or splits))
+                                   save=not (knobs or splits or rows))
         engines = [s for s in prepared if s in STRATEGIES]
         if all_wrong:
             tuning["output_check"] = "every strategy that ran failed the output check: the fastest was kept"
@@ -226,12 +240,16 @@ class AioBackend(Backend):
             prepared = wrong = None             # the strategies not chosen: their memory, for the trials
             chosen = self._tune_knobs(best, chosen, model, weights, example_inputs, precision, threads, ctx,
                                       checked, tuning)
+        if ctx.time_passes is not None and rows and best in STRATEGIES and not all_wrong and "provisional" not in tuning:
+            prepared = wrong = None
+            model, ctx, chosen = self._tune_rows(best, chosen, model, weights, example_inputs, precision, threads,
+                                                 ctx, checked, tuning)
         if ctx.time_passes is not None and splits and not all_wrong and "provisional" not in tuning:
             prepared = wrong = None
             best, chosen = self._tune_split(best, chosen, engines, model, weights, example_inputs, precision,
                                             threads, ctx, checked, tuning)
         tuning["tuning_s"] = round(time.monotonic() - started, 1)     # preparing and timing it all, knobs too
-        if (knobs or splits) and "not_saved" not in tuning:      # _choose left the saving to after these stages
+        if (knobs or splits or rows) and "not_saved" not in tuning:   # _choose left the saving to after these stages
             _save_decision(decision_file, {k: v for k, v in tuning.items() if k not in ("cached", "file")})
         chosen = chosen[0]
         chosen.info.update({"strategy": best, "tuning": tuning})
@@ -332,6 +350,51 @@ class AioBackend(Backend):
                           f"knob {name} against a fresh instance")
         del control, control_pass
         return wins
+
+    def _tune_rows(self, strategy, chosen: tuple, model, weights: int, example_inputs, precision, threads, ctx,
+                   checked: bool, tuning: dict) -> tuple:
+        """Try the model rewritten to compute only the rows its output reads (aio_compile/rows.py) on the chosen
+        strategy with the knobs kept, timed against the choice so far and kept like a knob (a win confirmed
+        against a fresh instance). Returns (model, ctx, (prepared, pass)) for what follows: the rewritten
+        ones when kept. Fills `tuning["rows"]`."""
+        import torch
+
+        start = time.monotonic()
+        trial = tuning["rows"] = {}
+        short = _memory_short(weights * 2)
+        if short:
+            trial["not_tried"] = short
+            return model, ctx, chosen
+        try:
+            rows_model, rows_ctx, narrowed = _rows_model(model, example_inputs, ctx)
+        except UnsupportedError as exc:
+            del tuning["rows"]                  # nothing to try: not worth a line in every record
+            logger.debug("aio rows stage: %s", exc)
+            return model, ctx, chosen
+        trial["ops_narrowed"] = narrowed
+        kept = tuning.get("knobs") or {}
+        try:
+            p, one_pass, failed = self._prepare_checked(strategy, rows_model, example_inputs, precision, threads,
+                                                        dataclasses.replace(rows_ctx, knobs=dict(kept)), checked)
+        except UsageError:
+            raise
+        except Exception as exc:  # noqa: BLE001  (a rewritten graph this engine cannot take is not kept)
+            trial["not_tried"] = short_error(exc)
+            return model, ctx, chosen
+        if failed:
+            trial.update(kept=False, why=f"outputs fail the output check: {failed}")
+            return model, ctx, chosen
+        with torch.no_grad():
+            wins = _trial(chosen[1], "rows", one_pass, ctx.time_passes, threads, trial, tuning,
+                          ("all rows", "rows read"), "the rows read alone")
+        if wins:
+            wins = trial["kept"] = self._confirm(strategy, model, weights, example_inputs, precision, threads, ctx,
+                                                 kept, "rows", one_pass, trial, tuning)
+        trial["rows_tuning_s"] = round(time.monotonic() - start, 1)
+        if not wins:
+            return model, ctx, chosen
+        p.info["rows"] = _rows_note(narrowed)
+        return rows_model, rows_ctx, (p, one_pass)
 
     def _tune_split(self, best, chosen: tuple, engines: list, model, weights: int, example_inputs, precision,
                     threads, ctx, checked: bool, tuning: dict) -> tuple:
@@ -457,6 +520,30 @@ class AioBackend(Backend):
         if reason:
             raise UnsupportedError(reason)
         return backend.prepare(model, example_inputs, precision, threads, ctx)
+
+
+def _rows_model(model, example_inputs, ctx):
+    """(the model computing only the rows its output reads, its context, how many ops were narrowed), or
+    UnsupportedError. The rewritten graph is a model of its own in the engines' caches, and keeps the
+    original's int8 scheme (its graph has no Conv2d modules to count)."""
+    import hashlib
+
+    from ..aio_compile.rows import prune
+    from .int8 import is_conv_net
+
+    if onnx_source(model) is not None:
+        raise UnsupportedError("an ONNX file is not a torch graph to rewrite")
+    found = prune(copy.deepcopy(model), example_inputs)
+    if found is None:
+        raise UnsupportedError("no op computes rows the output does not read (or the model does not export)")
+    gm, narrowed = found
+    gm.is_conv_net = functools.partial(bool, is_conv_net(model, example_inputs))
+    digest = hashlib.sha256(gm.code.encode()).hexdigest()[:16]
+    return gm, dataclasses.replace(ctx, weights_id=f"{ctx.weights_id}-rows-{digest}"), narrowed
+
+
+def _rows_note(narrowed: int) -> str:
+    return f"{narrowed} ops compute only the rows the output reads (aio_compile/rows.py)"
 
 
 def _call(p: Prepared):
