@@ -10,6 +10,7 @@ Keys and values keep every row: attention mixes them. The result is the same com
 approximation: `prune` checks it against the original on the example inputs before handing it back.
 """
 
+import dataclasses
 import math
 
 import torch
@@ -219,10 +220,30 @@ def _same(a, b) -> bool:
         for x, y in zip(fa, fb, strict=True))
 
 
-def prune(model, example_inputs: tuple) -> tuple[fx.GraphModule, int] | None:
+@dataclasses.dataclass
+class Pruned:
+    module: fx.GraphModule      # the rewritten graph, called like the model
+    narrowed: int               # ops now computed on one row
+    flops: int                  # one pass's matmul, convolution and attention FLOPs, before and after
+    flops_pruned: int           # (torch.utils.flop_counter)
+
+    @property
+    def flops_saved(self) -> float:
+        return 1 - self.flops_pruned / self.flops if self.flops else 0.0
+
+
+def _flops(fn, args) -> tuple[int, object]:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        out = fn(*args)
+    return counter.get_total_flops(), out
+
+
+def prune(model, example_inputs: tuple) -> Pruned | None:
     """The model exported (`torch.export`, static shapes) and rewritten to compute only the rows its output
-    uses, with the number of ops narrowed; None when nothing narrows, it does not export, or the rewritten
-    graph's outputs differ from the model's on the example inputs."""
+    uses; None when nothing narrows, it does not export, or the rewritten graph's outputs differ from the
+    model's on the example inputs."""
     try:
         exported = torch.export.export(model, tuple(example_inputs), strict=False).module()
     except Exception:  # noqa: BLE001  (a model that does not export keeps all its rows)
@@ -230,9 +251,12 @@ def prune(model, example_inputs: tuple) -> tuple[fx.GraphModule, int] | None:
     # a plain GraphModule: the exported one refuses eval(), which converters and compilers call
     gm = fx.GraphModule(exported, exported.graph)
     with torch.no_grad():
-        expected = model(*example_inputs)
         count = prune_rows(gm)
-        if not count or not _same(gm(*example_inputs), expected):
+        if not count:
             return None
-    return gm, count
+        flops, expected = _flops(model, example_inputs)
+        flops_pruned, got = _flops(gm, example_inputs)
+        if not _same(got, expected):
+            return None
+    return Pruned(gm, count, flops, flops_pruned)
 

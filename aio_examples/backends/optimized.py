@@ -154,7 +154,7 @@ class AioBackend(Backend):
             try:
                 rows = (cached.get("rows") or {}).get("kept")
                 if rows:
-                    model, ctx, narrowed = _rows_model(model, example_inputs, ctx)
+                    model, ctx, found = _rows_model(model, example_inputs, ctx)
                 if cached["strategy"] == "split":
                     prepared = self._prepare_split(model, example_inputs, precision, threads, ctx, cached)
                 else:
@@ -166,7 +166,7 @@ class AioBackend(Backend):
                 prepared.info.update({"strategy": cached["strategy"],
                                       "tuning": {**cached, "cached": True, "file": str(decision_file)}})
                 if rows:
-                    prepared.info["rows"] = _rows_note(narrowed)
+                    prepared.info["rows"] = _rows_note(found)
                 return prepared
         return self._tune(model, example_inputs, precision, threads, ctx, decision_file, {"model": ctx.model_name,
                                                                                            **key})
@@ -325,7 +325,7 @@ class AioBackend(Backend):
         return chosen
 
     def _confirm(self, strategy, model, weights: int, example_inputs, precision, threads, ctx, kept: dict, name,
-                 one_pass, trial: dict, tuning: dict) -> bool:
+                 one_pass, trial: dict, tuning: dict, clear_needed: bool = True) -> bool:
         """Time a knob that won again, against a fresh instance of the settings kept so far (`trial["again"]`).
 
         Two instances of one engine with the same settings differ by a few percent: in one process, knobs that
@@ -347,7 +347,7 @@ class AioBackend(Backend):
             return True
         with torch.no_grad():
             wins = _trial(control_pass, name, one_pass, ctx.time_passes, threads, again, tuning, ("without", "with"),
-                          f"knob {name} against a fresh instance")
+                          f"{name} against a fresh instance", clear_needed)
         del control, control_pass
         return wins
 
@@ -366,12 +366,14 @@ class AioBackend(Backend):
             trial["not_tried"] = short
             return model, ctx, chosen
         try:
-            rows_model, rows_ctx, narrowed = _rows_model(model, example_inputs, ctx)
+            rows_model, rows_ctx, found = _rows_model(model, example_inputs, ctx)
         except UnsupportedError as exc:
             del tuning["rows"]                  # nothing to try: not worth a line in every record
             logger.debug("aio rows stage: %s", exc)
             return model, ctx, chosen
-        trial["ops_narrowed"] = narrowed
+        trial.update(ops_narrowed=found.narrowed, flops_saved=round(found.flops_saved, 4),
+                     rule="kept when its median is at least 1% faster in two trials: the same computation in fewer "
+                          "FLOPs needs no interval clear of the other's")
         kept = tuning.get("knobs") or {}
         try:
             p, one_pass, failed = self._prepare_checked(strategy, rows_model, example_inputs, precision, threads,
@@ -386,14 +388,14 @@ class AioBackend(Backend):
             return model, ctx, chosen
         with torch.no_grad():
             wins = _trial(chosen[1], "rows", one_pass, ctx.time_passes, threads, trial, tuning,
-                          ("all rows", "rows read"), "the rows read alone")
+                          ("all rows", "rows read"), "the rows read alone", clear_needed=False)
         if wins:
             wins = trial["kept"] = self._confirm(strategy, model, weights, example_inputs, precision, threads, ctx,
-                                                 kept, "rows", one_pass, trial, tuning)
+                                                 kept, "rows", one_pass, trial, tuning, clear_needed=False)
         trial["rows_tuning_s"] = round(time.monotonic() - start, 1)
         if not wins:
             return model, ctx, chosen
-        p.info["rows"] = _rows_note(narrowed)
+        p.info["rows"] = _rows_note(found)
         return rows_model, rows_ctx, (p, one_pass)
 
     def _tune_split(self, best, chosen: tuple, engines: list, model, weights: int, example_inputs, precision,
@@ -523,7 +525,7 @@ class AioBackend(Backend):
 
 
 def _rows_model(model, example_inputs, ctx):
-    """(the model computing only the rows its output reads, its context, how many ops were narrowed), or
+    """(the model computing only the rows its output reads, its context, what was narrowed: rows.Pruned), or
     UnsupportedError. The rewritten graph is a model of its own in the engines' caches, and keeps the
     original's int8 scheme (its graph has no Conv2d modules to count)."""
     import hashlib
@@ -536,14 +538,15 @@ def _rows_model(model, example_inputs, ctx):
     found = prune(copy.deepcopy(model), example_inputs)
     if found is None:
         raise UnsupportedError("no op computes rows the output does not read (or the model does not export)")
-    gm, narrowed = found
+    gm = found.module
     gm.is_conv_net = functools.partial(bool, is_conv_net(model, example_inputs))
     digest = hashlib.sha256(gm.code.encode()).hexdigest()[:16]
-    return gm, dataclasses.replace(ctx, weights_id=f"{ctx.weights_id}-rows-{digest}"), narrowed
+    return gm, dataclasses.replace(ctx, weights_id=f"{ctx.weights_id}-rows-{digest}"), found
 
 
-def _rows_note(narrowed: int) -> str:
-    return f"{narrowed} ops compute only the rows the output reads (aio_compile/rows.py)"
+def _rows_note(found) -> str:
+    return (f"{found.narrowed} ops compute only the rows the output reads, {found.flops_saved:.1%} fewer FLOPs "
+            "(aio_compile/rows.py)")
 
 
 def _call(p: Prepared):
@@ -556,16 +559,18 @@ def _one_pass(p: Prepared, ctx) -> Callable[[], object]:
 
 
 def _trial(kept_pass, name: str, challenger, time_passes, threads: int, trial: dict, tuning: dict,
-           labels: tuple[str, str], what: str) -> bool:
+           labels: tuple[str, str], what: str, clear_needed: bool = True) -> bool:
     """Time `challenger` against the pass kept so far (quiet interleaved rounds) and fill `trial` with both
     medians (under `labels`), the gain, clear and quiet: whether it is kept (at least KNOB_MIN_GAIN faster, clear
-    of noise, quiet). Rounds that were not quiet mark the decision not to be saved (saying `what` was timed)."""
+    of noise unless not `clear_needed`, quiet). Rounds that were not quiet mark the decision not to be saved
+    (saying `what` was timed)."""
     timed = time_passes({"kept": kept_pass, name: challenger}, threads)
     without, with_ = timed.medians.get("kept"), timed.medians.get(name)
     gain = without / with_ - 1 if without and with_ else None
     trial.update(ms=dict(zip(labels, (without, with_), strict=True)), gain=None if gain is None else round(gain, 4),
                  clear=timed.clear, quiet=timed.quiet)
-    trial["kept"] = bool(timed.quiet and timed.clear and gain is not None and gain >= KNOB_MIN_GAIN)
+    trial["kept"] = bool(timed.quiet and (timed.clear or not clear_needed) and gain is not None
+                         and gain >= KNOB_MIN_GAIN)
     if not timed.quiet:
         tuning.setdefault("not_saved", f"the rounds timing {what} were not quiet; the next run tunes again")
     return trial["kept"]

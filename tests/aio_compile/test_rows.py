@@ -61,7 +61,7 @@ def test_the_last_block_computes_only_the_row_the_head_reads_and_the_outputs_sta
     model, args = Encoder(**kw).eval(), inputs()
     found = prune(model, args)
     assert found is not None
-    gm, narrowed = found
+    gm, narrowed = found.module, found.narrowed
     with torch.no_grad():
         torch.testing.assert_close(gm(*args), model(*args), rtol=1e-5, atol=1e-6)
     # the last block's output projection and feed-forward (and, but for a causal mask, its query side) on
@@ -69,6 +69,7 @@ def test_the_last_block_computes_only_the_row_the_head_reads_and_the_outputs_sta
     full, pruned = flops(model, args), flops(gm, args)
     block_ffn = 2 * 2 * 16 * 32 * 128 * 2            # up and down, a batch of 2
     assert full - pruned > 0.8 * block_ffn, (full, pruned)
+    assert (found.flops, found.flops_pruned) == (full, pruned) and 0 < found.flops_saved < 0.5
     assert narrowed >= 6
     other = inputs()[0].flip(1), inputs()[1]          # other inputs, same shapes: still the same computation
     with torch.no_grad():
@@ -85,7 +86,7 @@ def test_a_causal_mask_keeps_the_query_side_whole():
     key. The attention stays whole, the layers after it take the one row."""
     torch.manual_seed(3)
     model, args = Encoder(row=5, causal=True, blocks=1).eval(), inputs()
-    gm, _ = prune(model, args)
+    gm = prune(model, args).module
     sdpa = [n for n in gm.graph.nodes if n.target == torch.ops.aten.scaled_dot_product_attention.default]
     assert len(sdpa) == 1 and sdpa[0].args[0].meta["val"].shape[-2] == 16
     linears = [n for n in gm.graph.nodes if n.target == torch.ops.aten.linear.default]
