@@ -251,12 +251,14 @@ def prune(model, example_inputs: tuple) -> Pruned | None:
     # a plain GraphModule: the exported one refuses eval(), which converters and compilers call
     gm = fx.GraphModule(exported, exported.graph)
     with torch.no_grad():
-        count = prune_rows(gm)
-        if not count:
+        if not demanded_rows(gm):
             return None
-        flops, expected = _flops(model, example_inputs)
+        # FLOPs of the same ATen graph before and after (a module's own fused kernels, such as
+        # nn.MultiheadAttention's fast path, have no FLOP formula)
+        flops, _ = _flops(gm, example_inputs)
+        count = prune_rows(gm)
         flops_pruned, got = _flops(gm, example_inputs)
-        if not _same(got, expected):
+        if not _same(got, model(*example_inputs)):
             return None
     return Pruned(gm, count, flops, flops_pruned)
 
