@@ -145,7 +145,7 @@ class AioBackend(Backend):
                "output_checked": ctx.check is not None,      # decisions taken without the check are not reused
                # the knobs on offer: a decision taken before a knob was added tunes again
                "knobs_tuned": knobs_on and {s: [n for n, _ in k] for s, k in KNOBS.items()},
-               "split_tuned": split_settings()[0], "rows_tuned": rows_setting()}
+               "split_tuned": split_settings()[0], "rows_tuned": rows_setting(), "finalist_margin": FINALIST_MARGIN}
         decision_file = _decision_file(ctx.model_name, key)
         cached = _load_decision(decision_file)
         offered = strategies_for(model, self.engines)
@@ -236,14 +236,24 @@ class AioBackend(Backend):
         if all_wrong:
             tuning["output_check"] = "every strategy that ran failed the output check: the fastest was kept"
         chosen = prepared[best]
-        if ctx.time_passes is not None and knobs and best in KNOBS and not all_wrong and "provisional" not in tuning:
-            prepared = wrong = None             # the strategies not chosen: their memory, for the trials
-            chosen = self._tune_knobs(best, chosen, model, weights, example_inputs, precision, threads, ctx,
-                                      checked, tuning)
-        if ctx.time_passes is not None and rows and best in STRATEGIES and not all_wrong and "provisional" not in tuning:
-            prepared = wrong = None
-            model, ctx, chosen = self._tune_rows(best, chosen, model, weights, example_inputs, precision, threads,
-                                                 ctx, checked, tuning)
+        if ctx.time_passes is not None and (knobs or rows) and not all_wrong and "provisional" not in tuning:
+            # the strategies not chosen free their memory for the trials, but for those close enough to win
+            # once their own knobs are in (the finalists)
+            finalists = _finalists(best, tuning.get("medians_ms") or {}) if prepared else [best]
+            prepared, wrong, tuned = {f: prepared[f] for f in finalists}, None, {}
+            for name in finalists:
+                stages = tuning if name == best else {}
+                c, m, cx = prepared.pop(name), model, ctx
+                if knobs and name in KNOBS:
+                    c = self._tune_knobs(name, c, m, weights, example_inputs, precision, threads, cx, checked, stages)
+                if rows and name in STRATEGIES:
+                    m, cx, c = self._tune_rows(name, c, m, weights, example_inputs, precision, threads, cx, checked,
+                                               stages)
+                tuned[name] = (c, m, cx, stages)
+            if len(tuned) > 1:
+                best = _final(tuned, best, ctx.time_passes, threads, tuning)
+            chosen, model, ctx, _ = tuned[best]
+            del tuned
         if ctx.time_passes is not None and splits and not all_wrong and "provisional" not in tuning:
             prepared = wrong = None
             best, chosen = self._tune_split(best, chosen, engines, model, weights, example_inputs, precision,
@@ -574,6 +584,46 @@ def _trial(kept_pass, name: str, challenger, time_passes, threads: int, trial: d
     if not timed.quiet:
         tuning.setdefault("not_saved", f"the rounds timing {what} were not quiet; the next run tunes again")
     return trial["kept"]
+
+
+FINALIST_MARGIN = 0.05      # strategies within this of the fastest take their own knob and rows stages too
+_STAGE_FIELDS = ("knobs", "knob_trials", "knob_tuning_s", "rows")
+
+
+def _finalists(best: str, medians: dict) -> list[str]:
+    """The fastest strategy, then the others whose median was within FINALIST_MARGIN of it: two engines that
+    close swap places between runs, and the knobs of the one behind may put it ahead (ONNX Runtime chosen by
+    3% over OpenVINO on vit_b_16 int8, where OpenVINO's int8_mixed_bf16 gains 3-6%)."""
+    if best not in medians:
+        return [best]
+    close = sorted((m, s) for s, m in medians.items()
+                   if s != best and s in STRATEGIES and m <= medians[best] * (1 + FINALIST_MARGIN))
+    return [best, *(s for _, s in close)]
+
+
+def _final(tuned: dict, best: str, time_passes, threads: int, tuning: dict) -> str:
+    """Time the finalists, each with its kept knobs and rows, against each other and return the fastest (`best`
+    unless the rounds were quiet). Fills `tuning["finalists"]`; the winner's stage fields are the decision's."""
+    import torch
+
+    with torch.no_grad():
+        timed = time_passes({name: t[0][1] for name, t in tuned.items()}, threads)
+    winner = min(timed.medians, key=timed.medians.get) if timed.quiet and timed.medians else best
+    final = tuning["finalists"] = {"margin": FINALIST_MARGIN, "medians_ms": timed.medians, "clear": timed.clear,
+                                   "quiet": timed.quiet, "chosen": winner}
+    if not timed.quiet:
+        tuning.setdefault("not_saved", "the rounds timing the finalists were not quiet; the next run tunes again")
+    for name, (_, _, _, stages) in tuned.items():
+        if name != best:            # (the best's stage fields are the decision's own, at the top level)
+            if "not_saved" in stages:
+                tuning.setdefault("not_saved", stages["not_saved"])
+            final[name] = {k: v for k, v in stages.items() if k in _STAGE_FIELDS}
+    if winner != best:
+        final[best] = {k: tuning.pop(k) for k in _STAGE_FIELDS if k in tuning}
+        tuning.update(final.pop(winner), strategy=winner)
+    logger.info("aio tuning: finalists %s; kept %s", ", ".join(f"{n} {m:.2f} ms" for n, m in timed.medians.items()),
+                winner)
+    return winner
 
 
 def _split_prepared(graph, stages: list, example_inputs, info: dict) -> Prepared:

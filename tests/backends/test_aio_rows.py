@@ -97,3 +97,37 @@ def test_the_rows_setting_is_checked_before_anything_runs():
                    env={"AIO_TUNE_ROWS": "yes"})
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0, proc.stderr
     assert "AIO_TUNE_ROWS='yes'" in proc.stderr and "accepted" in proc.stderr
+
+
+def test_strategies_close_to_the_fastest_take_their_own_stages_and_race_again():
+    medians = {"openvino": 10.0, "onnxruntime": 10.4, "compiled": 12.0}
+    assert optimized._finalists("openvino", medians) == ["openvino", "onnxruntime"]
+    assert optimized._finalists("openvino", {**medians, "onnxruntime": 10.6}) == ["openvino"]
+
+
+def test_a_runner_up_that_wins_once_tuned_is_kept_with_its_own_stages(rows_on, monkeypatch):
+    """Every strategy a finalist; the first timing (the choice) puts ONNX Runtime ahead, the final (the same
+    two names again) OpenVINO: the decision is OpenVINO's, with its own rows trial, and the cache reuses it."""
+    monkeypatch.setattr(optimized, "STRATEGIES", ("onnxruntime", "openvino"))
+    monkeypatch.setattr(optimized, "FINALIST_MARGIN", float("inf"))
+    real, whole = runner.time_passes, []
+
+    def timed(passes, threads):
+        if set(passes) == {"onnxruntime", "openvino"}:
+            whole.append(1)
+            slow = "openvino" if len(whole) == 1 else "onnxruntime"
+            passes = {**passes, slow: lambda f=passes[slow]: (time.sleep(0.002), f())[1]}
+        return real(passes, threads)
+
+    monkeypatch.setattr(runner, "time_passes", timed)
+    r = run()
+    assert r.status == "ok" and len(whole) == 2, r.reason
+    tuning = r.backend_info["tuning"]
+    assert r.strategy == "openvino" == tuning["finalists"]["chosen"], tuning
+    assert tuning["finalists"]["medians_ms"]["openvino"] < tuning["finalists"]["medians_ms"]["onnxruntime"]
+    assert "rows" in tuning["finalists"]["onnxruntime"] and tuning["rows"]["ops_narrowed"] >= 5
+    assert r.check["passed"]
+    assert json.loads(Path(tuning["file"]).read_text())["strategy"] == "openvino"
+    monkeypatch.setattr(runner, "time_passes", timing.time_passes)
+    again = run()
+    assert again.strategy == "openvino" and again.backend_info["tuning"]["cached"]
