@@ -53,6 +53,7 @@ def handicap(monkeypatch, slowed=lambda passes: "kept" if "kept" in passes else 
     return real
 
 
+@pytest.mark.slow       # the default tier stays under 15 minutes
 def test_each_knob_of_the_chosen_strategy_is_timed_and_kept_only_where_it_wins(knobs_on, monkeypatch):
     monkeypatch.setattr(optimized, "STRATEGIES", ("onnxruntime",))
     r = run(0)
@@ -121,6 +122,7 @@ def test_a_win_that_a_fresh_instance_does_not_confirm_is_not_kept(knobs_on, monk
         assert trial["again"]["gain"] < 0 and not trial["again"]["kept"], trial      # ... that did not hold
 
 
+@pytest.mark.slow       # the default tier stays under 15 minutes
 def test_knob_stage_off_tries_no_knob_and_keys_its_decision_apart(knobs_on, monkeypatch):
     monkeypatch.setattr(optimized, "STRATEGIES", ("onnxruntime",))
     on = run(2).backend_info["tuning"]
@@ -139,6 +141,7 @@ def test_a_spent_budget_leaves_the_remaining_knobs_untried_and_says_so(knobs_on,
     assert "applies at int8" in trials["int8_mixed_bf16"]["not_tried"]      # what cannot apply says why instead
 
 
+@pytest.mark.slow       # the default tier stays under 15 minutes
 def test_a_knob_that_cannot_apply_is_refused_before_a_copy_is_made_for_it(knobs_on, monkeypatch):
     """At fp32 int8_mixed_bf16 cannot apply: it says why, and no copy of the model is made for its trial (one
     copy per timed trial and per fresh instance against it, none more)."""

@@ -105,6 +105,7 @@ def test_strategies_close_to_the_fastest_take_their_own_stages_and_race_again():
     assert optimized._finalists("openvino", {**medians, "onnxruntime": 10.6}) == ["openvino"]
 
 
+@pytest.mark.slow       # the default tier stays under 15 minutes
 def test_a_runner_up_that_wins_once_tuned_is_kept_with_its_own_stages(rows_on, monkeypatch):
     """Every strategy a finalist; the first timing (the choice) puts ONNX Runtime ahead, the final (the same
     two names again) OpenVINO: the decision is OpenVINO's, with its own rows trial, and the cache reuses it."""

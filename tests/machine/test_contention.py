@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pandas as pd
+import pytest
 from conftest import run_cli
 
 from aio_examples.machine import contention
@@ -32,6 +33,7 @@ def _contention_warnings(record):
     return [w for w in record["warnings"] if "other processes kept" in w]
 
 
+@pytest.mark.slow       # the default tier stays under 15 minutes
 def test_a_busy_loop_on_the_runs_core_is_measured_and_warned_of_and_a_quiet_run_reads_less(tmp_path):
     quiet, _ = _run_pinned(tmp_path, "quiet")
     loop = subprocess.Popen([sys.executable, "-c", BUSY_LOOP])
