@@ -42,6 +42,25 @@ def run_cli(args, cwd=ROOT, env=None, timeout=600, cpus=None):
                           timeout=timeout, check=False, preexec_fn=pin)
 
 
+def handicap(monkeypatch, slowed=lambda passes: "kept" if "kept" in passes else None):
+    """Slow one of the passes each of aio's tuning timings compares by 2 ms a pass (a real sleep, really timed):
+    the one `slowed(passes)` names, or none. By default the settings kept so far: every trial wins."""
+    import time
+
+    from aio_examples.measurement import runner
+
+    real = runner.time_passes
+
+    def handicapped(passes, threads):
+        name = slowed(passes)
+        if name:
+            passes = {**passes, name: lambda f=passes[name]: (time.sleep(0.002), f())[1]}
+        return real(passes, threads)
+
+    monkeypatch.setattr(runner, "time_passes", handicapped)
+    return real
+
+
 SMALL_SWEEP = ["squeezenet", "--input-size", "32", "--timeout", "0.5", "--point-timeout", "120", "--quiet",
                "--backends", "eager,torchscript", "--threads", "1,2"]
 

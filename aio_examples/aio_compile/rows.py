@@ -187,7 +187,6 @@ def prune_rows(gm: fx.GraphModule) -> int:
             new = graph.call_function(node.target, tuple(args), dict(node.kwargs))
         narrowed[node] = new
     for node, new in narrowed.items():
-        dim, row = demand[node]
         for user in list(node.users):
             if user is new or user in narrowed.values():
                 continue

@@ -76,11 +76,12 @@ KNOB_BUDGET_S = 180.0       # seconds of knob trials (preparing and timing) befo
 KNOB_MIN_GAIN = 0.01        # a knob is kept when it is this much faster, beyond noise: not for a tie split finely
 
 
-def _switch(name: str, what: str) -> bool:
-    """An on/off variable: 1 (the default, `what`) or 0."""
+def _switch(name: str, what: str, off: str = "") -> bool:
+    """An on/off variable: 1 (the default, `what`) or 0 (`off`, where said)."""
     on = os.environ.get(name, "1").strip()
     if on not in ("0", "1"):
-        raise UsageError(f"{name}={on!r} is invalid; accepted: 1 ({what}, the default) or 0")
+        raise UsageError(f"{name}={on!r} is invalid; accepted: 1 ({what}, the default) or 0"
+                         + (f" ({off})" if off else ""))
     return on == "1"
 
 
@@ -119,7 +120,7 @@ def rows_setting() -> bool:
 
 def process_mode() -> bool:
     """`AIO_PROCESS_MODE`: 1 (default) runs the optimized backend, 0 falls back to eager."""
-    return _switch("AIO_PROCESS_MODE", "run the optimized backend; 0 falls back to eager")
+    return _switch("AIO_PROCESS_MODE", "run the optimized backend", "fall back to eager")
 
 
 class AioBackend(Backend):
@@ -239,11 +240,11 @@ class AioBackend(Backend):
         if ctx.time_passes is not None and (knobs or rows) and not all_wrong and "provisional" not in tuning:
             # the strategies not chosen free their memory for the trials, but for those close enough to win
             # once their own knobs are in (the finalists)
-            finalists = _finalists(best, tuning.get("medians_ms") or {}) if prepared else [best]
-            prepared, wrong, tuned = {f: prepared[f] for f in finalists}, None, {}
-            for name in finalists:
-                stages = tuning if name == best else {}
-                c, m, cx = prepared.pop(name), model, ctx
+            finalists = [(f, prepared[f]) for f in _finalists(best, tuning.get("medians_ms") or {})]
+            prepared = wrong = None
+            tuned = {}
+            for name, c in finalists:
+                stages, m, cx = tuning if name == best else {}, model, ctx
                 if knobs and name in KNOBS:
                     c = self._tune_knobs(name, c, m, weights, example_inputs, precision, threads, cx, checked, stages)
                 if rows and name in STRATEGIES:
@@ -253,7 +254,7 @@ class AioBackend(Backend):
             if len(tuned) > 1:
                 best = _final(tuned, best, ctx.time_passes, threads, tuning)
             chosen, model, ctx, _ = tuned[best]
-            del tuned
+            del tuned, finalists
         if ctx.time_passes is not None and splits and not all_wrong and "provisional" not in tuning:
             prepared = wrong = None
             best, chosen = self._tune_split(best, chosen, engines, model, weights, example_inputs, precision,
@@ -543,8 +544,6 @@ def _rows_model(model, example_inputs, ctx):
     from ..aio_compile.rows import prune
     from .int8 import is_conv_net
 
-    if onnx_source(model) is not None:
-        raise UnsupportedError("an ONNX file is not a torch graph to rewrite")
     found = prune(copy.deepcopy(model), example_inputs)
     if found is None:
         raise UnsupportedError("no op computes rows the output does not read (or the model does not export)")

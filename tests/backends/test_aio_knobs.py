@@ -1,11 +1,11 @@
 """aio's knob stage: each setting of the chosen strategy timed against the ones kept, kept only when it wins."""
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import handicap
 
 from aio_examples import benchmark
 from aio_examples.backends import optimized
@@ -36,21 +36,6 @@ def run(seed: int, batch: int = 4, precision: str = "fp32"):
     torch.manual_seed(seed)
     return benchmark(Mlp().eval(), example_inputs=(torch.randn(batch, 32),), backend="aio", threads=1, num_runs=3,
                      precision=precision)
-
-
-def handicap(monkeypatch, slowed=lambda passes: "kept" if "kept" in passes else None):
-    """Slow one of the passes each timing compares by 2 ms a pass (a real sleep, really timed): the one
-    `slowed(passes)` names, or none. By default the settings kept so far: every knob trial wins."""
-    real = runner.time_passes
-
-    def handicapped(passes, threads):
-        name = slowed(passes)
-        if name:
-            passes = {**passes, name: lambda f=passes[name]: (time.sleep(0.002), f())[1]}
-        return real(passes, threads)
-
-    monkeypatch.setattr(runner, "time_passes", handicapped)
-    return real
 
 
 @pytest.mark.slow       # the default tier stays under 15 minutes

@@ -2,13 +2,12 @@
 on the chosen strategy against the model as built, kept only when it wins, and reused from the cache."""
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import run_cli
+from conftest import handicap, run_cli
 
 from aio_examples import benchmark
 from aio_examples.backends import optimized
@@ -44,18 +43,6 @@ def rows_on(monkeypatch, tmp_path):
     monkeypatch.setattr(optimized, "STRATEGIES", ("openvino",))
 
 
-def handicap(monkeypatch, slowed: str):
-    """A real 2 ms sleep added to the pass named `slowed` wherever a timing compares it."""
-    real = runner.time_passes
-
-    def timed(passes, threads):
-        if slowed in passes:
-            passes = {**passes, slowed: lambda f=passes[slowed]: (time.sleep(0.002), f())[1]}
-        return real(passes, threads)
-
-    monkeypatch.setattr(runner, "time_passes", timed)
-
-
 def run():
     torch.manual_seed(0)
     return benchmark(Classifier().eval(), example_inputs=(torch.randn(1, 64, 64),), backend="aio", threads=1,
@@ -63,7 +50,7 @@ def run():
 
 
 def test_the_rewrite_that_wins_is_kept_checked_recorded_and_reused_from_the_cache(rows_on, monkeypatch):
-    handicap(monkeypatch, "kept")
+    handicap(monkeypatch)
     first = run()
     assert first.status == "ok", first.reason
     trial = first.backend_info["tuning"]["rows"]
@@ -84,7 +71,7 @@ def test_the_rewrite_that_wins_is_kept_checked_recorded_and_reused_from_the_cach
 
 
 def test_a_rewrite_that_loses_is_not_kept(rows_on, monkeypatch):
-    handicap(monkeypatch, "rows")
+    handicap(monkeypatch, lambda passes: "rows" if "rows" in passes else None)
     r = run()
     trial = r.backend_info["tuning"]["rows"]
     assert r.status == "ok" and not trial["kept"] and trial["gain"] < 0, trial
@@ -111,16 +98,15 @@ def test_a_runner_up_that_wins_once_tuned_is_kept_with_its_own_stages(rows_on, m
     two names again) OpenVINO: the decision is OpenVINO's, with its own rows trial, and the cache reuses it."""
     monkeypatch.setattr(optimized, "STRATEGIES", ("onnxruntime", "openvino"))
     monkeypatch.setattr(optimized, "FINALIST_MARGIN", float("inf"))
-    real, whole = runner.time_passes, []
+    whole = []
 
-    def timed(passes, threads):
-        if set(passes) == {"onnxruntime", "openvino"}:
-            whole.append(1)
-            slow = "openvino" if len(whole) == 1 else "onnxruntime"
-            passes = {**passes, slow: lambda f=passes[slow]: (time.sleep(0.002), f())[1]}
-        return real(passes, threads)
+    def slowed(passes):
+        if set(passes) != {"onnxruntime", "openvino"}:
+            return None
+        whole.append(1)
+        return "openvino" if len(whole) == 1 else "onnxruntime"
 
-    monkeypatch.setattr(runner, "time_passes", timed)
+    handicap(monkeypatch, slowed)
     r = run()
     assert r.status == "ok" and len(whole) == 2, r.reason
     tuning = r.backend_info["tuning"]
