@@ -51,6 +51,31 @@ def stop_on_signals():
             _pending = None
 
 
+@contextmanager
+def deferred():
+    """Within the block, a first SIGINT or SIGTERM is only remembered, for the block's loop to answer with
+    `check()` between two calls into a library that an exception raised mid-call could leave stuck (Ray's
+    client holds locks across its gRPC calls); a second one raises at once. Main thread only, as above."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def remember(signum, frame):
+        global _pending
+        if _pending is not None:
+            _raise(signum)
+        _pending = signum
+
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in previous:
+        signal.signal(s, remember)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def check() -> None:
     """Raise the interrupt a signal asked for, if one came (and was swallowed on its way)."""
     if _pending is not None:

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..core import interrupts
 from ..core import records as res
 from ..core.errors import UsageError
 from ..core.log import logger
@@ -293,33 +294,35 @@ def _drive(ray, cfg: SweepConfig, out: Path, selector: NodeSelector, points_per_
     interrupted = None
     lost: list[str] = []
     try:
-        while True:
-            for kind in kinds.values():
-                _assign(kind, cfg)
-            pending = {r.busy[1]: (kind, r) for kind in kinds.values() for r in kind.runners if r.busy}
-            if not pending:
-                break
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
-            for ref in ready:
-                kind, runner = pending[ref]
-                point = runner.busy[0]
-                runner.busy = None
-                try:
-                    records = ray.get(ref)
-                except (RayActorError, WorkerCrashedError) as exc:
-                    lost.append(_lose(kind, runner, point, exc, out))
-                    continue
-                except RayTaskError as exc:          # the actor's own code failed: the point's record says how
-                    records = [_failure(point, runner.facts, f"on the node: {_first_line(exc.cause or exc)}")]
-                for d in records:
-                    r = res.Result.from_dict(d)
-                    res.append(out, r)
-                    if r.point_id == point.point_id and not r.is_instance:
-                        statuses[r.status] = statuses.get(r.status, 0) + 1
-                        ran.append(r.point_id)
-                if not quiet:
-                    print(f"[{runner.facts['node_id']}] {point.label}: "
-                          f"{records[-1]['status'] if records else 'no record'}", file=sys.stderr)
+        with interrupts.deferred():      # Ctrl-C is answered between Ray calls, never inside one
+            while True:
+                interrupts.check()
+                for kind in kinds.values():
+                    _assign(kind, cfg)
+                pending = {r.busy[1]: (kind, r) for kind in kinds.values() for r in kind.runners if r.busy}
+                if not pending:
+                    break
+                ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+                for ref in ready:
+                    kind, runner = pending[ref]
+                    point = runner.busy[0]
+                    runner.busy = None
+                    try:
+                        records = ray.get(ref)
+                    except (RayActorError, WorkerCrashedError) as exc:
+                        lost.append(_lose(kind, runner, point, exc, out))
+                        continue
+                    except RayTaskError as exc:          # the actor's own code failed: the point's record says how
+                        records = [_failure(point, runner.facts, f"on the node: {_first_line(exc.cause or exc)}")]
+                    for d in records:
+                        r = res.Result.from_dict(d)
+                        res.append(out, r)
+                        if r.point_id == point.point_id and not r.is_instance:
+                            statuses[r.status] = statuses.get(r.status, 0) + 1
+                            ran.append(r.point_id)
+                    if not quiet:
+                        print(f"[{runner.facts['node_id']}] {point.label}: "
+                              f"{records[-1]['status'] if records else 'no record'}", file=sys.stderr)
     except KeyboardInterrupt as stop:
         interrupted = stop
         for r in runners:                 # a killed actor's point process dies with it (die_with_parent)

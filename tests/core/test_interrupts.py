@@ -78,3 +78,28 @@ def test_a_ctrl_c_a_library_swallows_while_preparing_still_stops_the_run(tmp_pat
     assert proc.stdout.strip() == "stopped", proc.stderr[-1500:]
     assert time.monotonic() - started < 30                # not after a whole measurement
     assert not (tmp_path / "results.jsonl").exists()      # nothing was measured, nothing claims it was
+
+
+def test_a_deferred_ctrl_c_waits_for_the_loops_check_and_a_second_one_stops_at_once():
+    import os
+
+    from aio_examples.core import interrupts
+
+    with interrupts.stop_on_signals():
+        with interrupts.deferred():
+            os.kill(os.getpid(), signal.SIGINT)        # delivered now, at the next bytecode: nothing raised
+            time.sleep(0.05)
+            try:
+                interrupts.check()
+            except KeyboardInterrupt:
+                pass
+            else:
+                raise AssertionError("check() did not answer the deferred Ctrl-C")
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)   # a second signal: no waiting for the next check
+                time.sleep(1)
+            except interrupts.Terminated:
+                pass
+            else:
+                raise AssertionError("a second signal within deferred() was only remembered")
+        assert signal.getsignal(signal.SIGINT) is interrupts._handler     # the outer block's handler is back
