@@ -29,24 +29,37 @@ def _handler(signum, frame):
     _raise(signum)
 
 
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextmanager
+def _handled_by(handler):
+    """SIGINT and SIGTERM go to `handler` within the block, and back to the handlers they had after it."""
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in previous:
+        signal.signal(s, handler)
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
 @contextmanager
 def stop_on_signals():
     """Within the block, SIGINT and SIGTERM raise (and are remembered for `check`). Only the main thread can
     set handlers: elsewhere the block runs as it is."""
     global _pending, _depth
-    if threading.current_thread() is not threading.main_thread():
+    if not _main_thread():
         yield
         return
-    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    for s in previous:
-        signal.signal(s, _handler)
     _depth += 1
     try:
-        yield
+        with _handled_by(_handler):
+            yield
     finally:
         _depth -= 1
-        for s, handler in previous.items():
-            signal.signal(s, handler)
         if not _depth:          # the outermost block forgets the signal it has answered
             _pending = None
 
@@ -56,24 +69,17 @@ def deferred():
     """Within the block, a first SIGINT or SIGTERM is only remembered, for the block's loop to answer with
     `check()` between two calls into a library that an exception raised mid-call could leave stuck (Ray's
     client holds locks across its gRPC calls); a second one raises at once. Main thread only, as above."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
     def remember(signum, frame):
         global _pending
         if _pending is not None:
             _raise(signum)
         _pending = signum
 
-    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    for s in previous:
-        signal.signal(s, remember)
-    try:
+    if not _main_thread():
         yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        return
+    with _handled_by(remember):
+        yield
 
 
 def check() -> None:

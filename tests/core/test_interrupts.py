@@ -80,7 +80,6 @@ def test_a_ctrl_c_a_library_swallows_while_preparing_still_stops_the_run(tmp_pat
     assert not (tmp_path / "results.jsonl").exists()      # nothing was measured, nothing claims it was
 
 
-
 DEFERRED = """
 import os, signal, time
 from aio_examples.core import interrupts
