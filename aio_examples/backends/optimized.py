@@ -149,7 +149,7 @@ class AioBackend(Backend):
                "split_tuned": split_settings()[0], "rows_tuned": rows_setting(), "finalist_margin": FINALIST_MARGIN}
         decision_file = _decision_file(ctx.model_name, key)
         cached = _load_decision(decision_file)
-        offered = strategies_for(model, self.engines)
+        offered, original = strategies_for(model, self.engines), (model, ctx)
         if cached and (cached["strategy"] in offered
                        or cached["strategy"] == "split" and set(cached["split"]["plan"]) <= set(offered)):
             try:
@@ -168,7 +168,9 @@ class AioBackend(Backend):
                                       "tuning": {**cached, "cached": True, "file": str(decision_file)}})
                 if rows:
                     prepared.info["rows"] = _rows_note(found)
-                return prepared
+                rivals = _rivals(cached, offered) if race_setting() and ctx.time_passes is not None else []
+                return self._race(prepared, rivals, *original, example_inputs, precision, threads) if rivals \
+                    else prepared
         return self._tune(model, example_inputs, precision, threads, ctx, decision_file, {"model": ctx.model_name,
                                                                                            **key})
 
@@ -266,6 +268,72 @@ class AioBackend(Backend):
         chosen.info.update({"strategy": best, "tuning": tuning})
         chosen.compiles_on_first_call = False     # already compiled above
         return chosen
+
+    def _race(self, prepared: Prepared, rivals: list, model, ctx, example_inputs, precision, threads) -> Prepared:
+        """The cached decision's strategy timed again, in this process, against its `rivals` (each prepared from
+        `model` and `ctx` as handed in, with its own kept knobs and rows where it was a finalist): the fastest in
+        quiet rounds is run, the decision's strategy otherwise. Fills `tuning["race"]`; the cached decision
+        itself is left as it was."""
+        import gc
+
+        import torch
+
+        from .int8 import is_generation_step
+
+        start, tuning = time.monotonic(), prepared.info["tuning"]
+        decided = tuning["strategy"]
+        checked = ctx.check is not None and not is_generation_step(model)
+        race = tuning["race"] = {"margin": RACE_MARGIN, "decision": decided, "refused": {}}
+        runners = {decided: (prepared, _one_pass(prepared, ctx))}
+        stages = tuning.get("finalists") or {}
+        weights = held_bytes(model)
+        for rival in rivals:
+            engine = self.engines.get(rival)
+            short = _memory_short(weights * (2 + (engine.copies_held if engine else 0)))
+            if short:
+                race["refused"][rival] = short
+                continue
+            kept = stages.get(rival) or {}
+            try:
+                own = self._copy(rival, model, precision)
+                rival_ctx, found = ctx, None
+                if (kept.get("rows") or {}).get("kept"):
+                    own, rival_ctx, found = _rows_model(own, example_inputs, ctx)
+                p, one_pass, failed = self._prepare_checked(
+                    rival, own, example_inputs, precision, threads,
+                    dataclasses.replace(rival_ctx, knobs=kept.get("knobs") or {}), checked)
+            except UsageError:
+                raise
+            except Exception as exc:  # noqa: BLE001  (a rival that no longer runs is simply not raced)
+                race["refused"][rival] = short_error(exc)
+                continue
+            if failed:
+                race["refused"][rival] = f"outputs fail the output check: {failed}"
+                continue
+            p.info.update(strategy=rival, tuning=tuning)
+            if found:
+                p.info["rows"] = _rows_note(found)
+            runners[rival] = (p, one_pass)
+        if len(runners) > 1:
+            if prepared.compiles_on_first_call:       # compiled (and its first output checked) like its rivals
+                with torch.no_grad():
+                    runners[decided][1]()
+            with torch.no_grad():
+                timed = ctx.time_passes({name: r[1] for name, r in runners.items()}, threads)
+            winner = min(timed.medians, key=timed.medians.get) if timed.quiet and timed.medians else decided
+            race.update(medians_ms=timed.medians, quiet=timed.quiet, clear=timed.clear, chosen=winner)
+            if winner != decided:
+                won = stages.get(winner) or {}
+                tuning.update(strategy=winner, knobs=won.get("knobs") or {}, rows=won.get("rows") or {})
+            prepared = runners[winner][0]
+            prepared.info["strategy"] = winner
+            prepared.compiles_on_first_call = False
+            logger.info("aio: raced %s again here: %s; running %s", ", ".join(runners),
+                        ", ".join(f"{n} {m:.2f} ms" for n, m in timed.medians.items()), winner)
+        race["race_s"] = round(time.monotonic() - start, 1)
+        del runners
+        gc.collect()
+        return prepared
 
     def _copy(self, strategy, model, precision):
         """A strategy's own copy of the model handed in (a runtime's working copy, else a deep copy)."""
@@ -586,6 +654,27 @@ def _trial(kept_pass, name: str, challenger, time_passes, threads: int, trial: d
 
 
 FINALIST_MARGIN = 0.05      # strategies within this of the fastest take their own knob and rows stages too
+# Engines this close in the decision's timing are raced again in each process that runs a cached decision: on a
+# shared machine their order changes from one process to the next (mobilenet_v2 fp32 here: OpenVINO 4.3-7.3 ms,
+# ONNX Runtime 4.2-8.8 ms alone in successive processes), so only the process that runs them can tell.
+RACE_MARGIN = 0.25
+
+
+def race_setting() -> bool:
+    """`AIO_RACE_CLOSE` (1, the default: race engines within RACE_MARGIN again when a cached decision is run;
+    0: run the decision's strategy)."""
+    return _switch("AIO_RACE_CLOSE", "race close engines again in this process", "run the cached decision")
+
+
+def _rivals(decision: dict, offered) -> list[str]:
+    """The whole-model engines (not generation's) whose median in the decision's timing was within RACE_MARGIN
+    of the decided strategy's, fastest first; none for a split or a generation decision."""
+    medians, decided = decision.get("medians_ms") or {}, decision.get("strategy")
+    if decided not in STRATEGIES or decided not in medians:
+        return []
+    close = sorted((m, s) for s, m in medians.items()
+                   if s != decided and s in STRATEGIES and s in offered and m <= medians[decided] * (1 + RACE_MARGIN))
+    return [s for _, s in close]
 _STAGE_FIELDS = ("knobs", "knob_trials", "knob_tuning_s", "rows")
 
 

@@ -42,6 +42,41 @@ def test_tuning_picks_a_strategy_once_and_reuses_the_cached_decision(tmp_path, m
     assert again.check["passed"]
 
 
+def test_a_cached_decision_races_the_engines_close_to_it_again_in_the_process_that_runs_it(monkeypatch):
+    """Engines within RACE_MARGIN in the decision's timing are timed again where they run, and the faster here
+    is run; engines far behind, or AIO_RACE_CLOSE=0, leave the decision's strategy alone, untimed."""
+    monkeypatch.setattr(timing, "TUNING_CONTENDED_CORES", float("inf"))
+    torch.manual_seed(6)
+    model = Mlp().eval()
+    inputs = (torch.randn(6, 32),)
+    first = benchmark(model, example_inputs=inputs, backend="aio", threads=1, num_runs=3).backend_info["tuning"]
+    assert "race" not in first                       # tuned in this very process: nothing to race
+    decision_file = Path(first["file"])
+    decision = json.loads(decision_file.read_text())
+    slowest = max(first["medians_ms"], key=first["medians_ms"].get)
+
+    def rerun(medians: dict, **env) -> tuple:
+        decision_file.write_text(json.dumps({**decision, "strategy": slowest, "medians_ms": medians}))
+        for var, value in env.items():
+            monkeypatch.setenv(var, value)
+        r = benchmark(model, example_inputs=inputs, backend="aio", threads=1, num_runs=3)
+        assert r.status == "ok" and r.check["passed"], (r.reason, r.check)
+        return r, r.backend_info["tuning"]
+
+    # every engine as close as can be: all raced here, the fastest of this race run and named in the record
+    r, tuning = rerun({s: 1.0 for s in first["medians_ms"]})
+    race = tuning["race"]
+    assert race["decision"] == slowest and set(race["medians_ms"]) == set(first["medians_ms"]), race
+    fastest = min(race["medians_ms"], key=race["medians_ms"].get)
+    assert race["chosen"] == (fastest if race["quiet"] else slowest) == r.strategy == tuning["strategy"]
+    assert tuning["cached"] and json.loads(decision_file.read_text())["strategy"] == slowest   # the cache as it was
+    # the others far behind: the decision's strategy alone, as cached
+    r, tuning = rerun({s: 1.0 if s == slowest else 2.0 for s in first["medians_ms"]})
+    assert "race" not in tuning and r.strategy == slowest
+    r, tuning = rerun({s: 1.0 for s in first["medians_ms"]}, AIO_RACE_CLOSE="0")
+    assert "race" not in tuning and r.strategy == slowest
+
+
 @contextlib.contextmanager
 def busy(script: str = "while True: pass"):
     """`script` (a busy loop by default) running pinned to each CPU this process may use, while inside."""
@@ -130,7 +165,7 @@ def test_process_mode_0_falls_back_to_eager_and_says_so(tmp_path):
 def test_invalid_aio_variables_are_one_line_errors_before_any_work(tmp_path):
     for var, value in (("AIO_PROCESS_MODE", "2"), ("AIO_MERGE_LINEAR", "yes"),
                        ("AIO_IMPLICIT_FP16_TRANSFORM_FILTER", "("), ("AIO_TUNE_KNOBS", "yes"),
-                       ("AIO_KNOB_BUDGET_S", "-5")):
+                       ("AIO_KNOB_BUDGET_S", "-5"), ("AIO_RACE_CLOSE", "yes")):
         r = run_cli(["-m", "aio_examples", "run", "squeezenet", "--output", str(tmp_path)], env={var: value})
         assert r.returncode == 2, (var, r.stderr)
         assert var in r.stderr and "accepted" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
