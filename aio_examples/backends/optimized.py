@@ -151,8 +151,15 @@ class AioBackend(Backend):
         decision_file = _decision_file(ctx.model_name, key)
         cached = _load_decision(decision_file)
         offered, original = strategies_for(model, self.engines), (model, ctx)
+        rivals = _rivals(cached or {}, offered) if race_setting() and ctx.time_passes is not None else []
         if cached and (cached["strategy"] in offered
                        or cached["strategy"] == "split" and set(cached["split"]["plan"]) <= set(offered)):
+            short = rivals and _memory_short(2 * held_bytes(model))
+            if short:
+                logger.info("aio: close engines %s not raced again: %s", ", ".join(rivals), short)
+                rivals = []
+            if rivals:   # preparing a strategy may change the model in place (cast, layout): rivals take a copy
+                original = (copy.deepcopy(model), ctx)
             try:
                 rows = (cached.get("rows") or {}).get("kept")
                 if rows:
@@ -169,9 +176,9 @@ class AioBackend(Backend):
                                       "tuning": {**cached, "cached": True, "file": str(decision_file)}})
                 if rows:
                     prepared.info["rows"] = _rows_note(found)
-                rivals = _rivals(cached, offered) if race_setting() and ctx.time_passes is not None else []
                 return self._race(prepared, rivals, *original, example_inputs, precision, threads) if rivals \
                     else prepared
+        model, ctx = original           # not the rows rewrite (tuning tries it on its own), a copy if one was made
         return self._tune(model, example_inputs, precision, threads, ctx, decision_file, {"model": ctx.model_name,
                                                                                            **key})
 
@@ -272,9 +279,9 @@ class AioBackend(Backend):
 
     def _race(self, prepared: Prepared, rivals: list, model, ctx, example_inputs, precision, threads) -> Prepared:
         """The cached decision's strategy timed again, in this process, against its `rivals` (each prepared from
-        `model` and `ctx` as handed in, with its own kept knobs and rows where it was a finalist): the fastest in
-        quiet rounds is run when its lead is clear of noise, the decision's strategy otherwise. Fills `tuning["race"]`; the cached decision
-        itself is left as it was."""
+        `model`, an unprepared copy of the one handed in, and `ctx`, with its own kept knobs and rows where it was
+        a finalist): the fastest in quiet rounds is run when its lead is clear of noise, the decision's strategy
+        otherwise. Fills `tuning["race"]`; the cached decision itself is left as it was."""
         import gc
 
         import torch
@@ -296,7 +303,7 @@ class AioBackend(Backend):
                 continue
             kept = stages.get(rival) or {}
             try:
-                own = self._copy(rival, model, precision)
+                own = model if rival == rivals[-1] else self._copy(rival, model, precision)   # the last takes it
                 rival_ctx, found = ctx, None
                 if (kept.get("rows") or {}).get("kept"):
                     own, rival_ctx, found = _rows_model(own, example_inputs, ctx)
