@@ -61,6 +61,7 @@ def test_the_rewrite_that_wins_is_kept_checked_recorded_and_reused_from_the_cach
     saved = json.loads(Path(first.backend_info["tuning"]["file"]).read_text())
     assert saved["rows"]["kept"] and saved["strategy"] == "openvino"
     monkeypatch.setattr(runner, "time_passes", timing.time_passes)
+    monkeypatch.setenv("AIO_RACE_CLOSE", "0")       # the cached decision as it is, not raced again
     again = run()
     assert again.status == "ok" and again.backend_info["tuning"]["cached"], again.backend_info
     assert again.backend_info["rows"] == first.backend_info["rows"] and again.check["passed"]
@@ -116,5 +117,6 @@ def test_a_runner_up_that_wins_once_tuned_is_kept_with_its_own_stages(rows_on, m
     assert r.check["passed"]
     assert json.loads(Path(tuning["file"]).read_text())["strategy"] == "openvino"
     monkeypatch.setattr(runner, "time_passes", timing.time_passes)
+    monkeypatch.setenv("AIO_RACE_CLOSE", "0")       # the cached decision as it is, not raced again
     again = run()
     assert again.strategy == "openvino" and again.backend_info["tuning"]["cached"]
