@@ -665,6 +665,26 @@ def _trial(kept_pass, name: str, challenger, time_passes, threads: int, trial: d
 
 
 FINALIST_MARGIN = 0.05      # strategies within this of the fastest take their own knob and rows stages too
+_STAGE_FIELDS = ("knobs", "knob_trials", "knob_tuning_s", "rows")
+
+
+def _finalists(best: str, medians: dict) -> list[str]:
+    """The fastest strategy, then the others whose median was within FINALIST_MARGIN of it: two engines that
+    close swap places between runs, and the knobs of the one behind may put it ahead (ONNX Runtime chosen by
+    3% over OpenVINO on vit_b_16 int8, where OpenVINO's int8_mixed_bf16 gains 3-6%)."""
+    return [best, *_close_to(best, medians, FINALIST_MARGIN)]
+
+
+def _close_to(best: str, medians: dict, margin: float, among=STRATEGIES) -> list[str]:
+    """The strategies of `among` other than `best` whose median was within `margin` of best's, fastest first
+    (none when best has no median)."""
+    if best not in medians:
+        return []
+    close = sorted((m, s) for s, m in medians.items()
+                   if s != best and s in among and m <= medians[best] * (1 + margin))
+    return [s for _, s in close]
+
+
 # Engines this close in the decision's timing are raced again in each process that runs a cached decision: on a
 # shared machine their order changes from one process to the next (mobilenet_v2 fp32 here: OpenVINO 4.3-7.3 ms,
 # ONNX Runtime 4.2-8.8 ms alone in successive processes), so only the process that runs them can tell.
@@ -680,24 +700,10 @@ def race_setting() -> bool:
 def _rivals(decision: dict, offered) -> list[str]:
     """The whole-model engines (not generation's) whose median in the decision's timing was within RACE_MARGIN
     of the decided strategy's, fastest first; none for a split or a generation decision."""
-    medians, decided = decision.get("medians_ms") or {}, decision.get("strategy")
-    if decided not in STRATEGIES or decided not in medians:
+    decided = decision.get("strategy")
+    if decided not in STRATEGIES:
         return []
-    close = sorted((m, s) for s, m in medians.items()
-                   if s != decided and s in STRATEGIES and s in offered and m <= medians[decided] * (1 + RACE_MARGIN))
-    return [s for _, s in close]
-_STAGE_FIELDS = ("knobs", "knob_trials", "knob_tuning_s", "rows")
-
-
-def _finalists(best: str, medians: dict) -> list[str]:
-    """The fastest strategy, then the others whose median was within FINALIST_MARGIN of it: two engines that
-    close swap places between runs, and the knobs of the one behind may put it ahead (ONNX Runtime chosen by
-    3% over OpenVINO on vit_b_16 int8, where OpenVINO's int8_mixed_bf16 gains 3-6%)."""
-    if best not in medians:
-        return [best]
-    close = sorted((m, s) for s, m in medians.items()
-                   if s != best and s in STRATEGIES and m <= medians[best] * (1 + FINALIST_MARGIN))
-    return [best, *(s for _, s in close)]
+    return _close_to(decided, decision.get("medians_ms") or {}, RACE_MARGIN, [s for s in STRATEGIES if s in offered])
 
 
 def _final(tuned: dict, best: str, time_passes, threads: int, tuning: dict) -> str:
