@@ -116,18 +116,19 @@ def _points_of(rows) -> collections.Counter:
 
 
 def _node_runs(node) -> list[psutil.Process]:
-    """The point processes started by the actors of one Ray node (children of its raylet's workers)."""
-    raylet = node.all_processes["raylet"][0].process.pid
+    """The point processes under one Ray node: descendants of its raylet (its workers, their points)."""
+    try:
+        under = psutil.Process(node.all_processes["raylet"][0].process.pid).children(recursive=True)
+    except psutil.Error:
+        return []
     found = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = p.info["cmdline"] or []
+    for p in under:
+        try:
+            cmd = p.cmdline()
+        except psutil.Error:
+            continue
         if "aio_examples" in cmd and "run" in cmd:
-            try:
-                driver = int(p.environ().get("AIO_DRIVER_PID", 0))
-                if driver and psutil.Process(driver).ppid() == raylet:
-                    found.append(p)
-            except (psutil.Error, ValueError):
-                continue
+            found.append(p)
     return found
 
 
@@ -142,7 +143,12 @@ def test_a_fleet_sweep_runs_every_point_on_each_machine_kind_and_survives_a_lost
     while not busy and time.monotonic() < deadline and proc.poll() is None:
         busy = [n for n in small if _node_runs(n)]          # Ray picks which small node starts first
         time.sleep(0.2)
-    assert busy, "no small node ever ran a point"
+    if not busy:                        # say why: the sweep ended (how), or it ran on and no point started there
+        ended = proc.poll() is not None
+        stdout, stderr = proc.communicate(timeout=900) if ended else ("", "")
+        proc.kill()
+        pytest.fail(f"no small node ever ran a point; sweep {'ended rc=' + str(proc.returncode) if ended else 'ran on'}"
+                    f"\nstdout: {stdout[-3000:]}\nstderr: {stderr[-3000:]}")
     lost, survivor = busy[0], next(n for n in small if n is not busy[0])
     c.remove_node(lost, allow_graceful=False)          # mid-point
     stdout, stderr = proc.communicate(timeout=900)
