@@ -103,9 +103,12 @@ def _folder(out: Path, model, precision, aio_first: bool, attempt: int) -> Path:
 
 
 def _knobs(record: dict) -> str:
-    """The knobs aio's tuning kept (backend_info.tuning.knobs), or "-"."""
-    kept = (record.get("backend_info") or {}).get("tuning", {}).get("knobs") or {}
-    return ", ".join(f"{k}={v}" for k, v in kept.items()) or "-"
+    """What aio's tuning kept beyond the plain engine: its knobs (backend_info.tuning.knobs), then the rows
+    stage and the split when they won (`rows`, `split`), or "-"."""
+    tuning = (record.get("backend_info") or {}).get("tuning") or {}
+    kept = [f"{k}={v}" for k, v in (tuning.get("knobs") or {}).items()]
+    kept += [stage for stage in ("rows", "split") if (tuning.get(stage) or {}).get("kept")]
+    return ", ".join(kept) or "-"
 
 
 def _compare(model, precision, runs: list[list[dict]]) -> dict:

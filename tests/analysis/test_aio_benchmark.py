@@ -77,3 +77,13 @@ def test_each_row_says_how_close_the_best_baseline_is_to_the_machines_peak(tmp_p
     write_json_atomic(peak.cache_path(), {"fingerprint": peak.fingerprint(),
                                           "peaks": {"fp32": {"2": {"gflops": 400.0, "engine": "torch"}}}})
     assert "| openvino 10.00 ms | 50% | 0.990" in _render(tmp_path, env=env)[1]
+
+
+def test_the_kept_column_names_the_knobs_and_the_stages_that_won_and_no_stage_that_lost(tmp_path):
+    aio = _record("aio", 9.0)
+    aio["backend_info"] = {"tuning": {"knobs": {"io_binding": True}, "rows": {"kept": True},
+                                      "split": {"kept": False}}}
+    _write(tmp_path, "m-fp32-aio-first", [aio, _record("openvino", 10.0)])
+    _write(tmp_path, "m-fp32-aio-last", [aio, _record("openvino", 10.0)])
+    row = next(line for line in _render(tmp_path)[1].splitlines() if line.startswith("| m |"))
+    assert "io_binding=True, rows |" in row and "split" not in row
