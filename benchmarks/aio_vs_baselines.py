@@ -56,7 +56,8 @@ def main() -> int:
                 row = _compare(model, precision, runs)
                 row["peak_share"] = _peak_share(runs, row, precision, args.threads)
                 again = _folder(out, model, precision, True, attempt + 1)
-                if not row["verdict"].startswith("UNSTABLE") or (args.render_only and not again.exists()):
+                if (not row["verdict"].startswith("UNSTABLE") or attempt == args.retries
+                        or (args.render_only and not again.exists())):
                     break
                 print(f"{model} {precision}: {row['verdict']}; measuring again", flush=True)
             rows.append(row)

@@ -51,6 +51,19 @@ def test_a_measurement_again_replaces_an_unstable_one(tmp_path):
     assert "geometric mean over 1 rows: 1.081x" in out
 
 
+def test_a_row_still_unstable_after_its_last_retry_is_not_announced_as_measured_again(tmp_path):
+    for again in ("", "-again1"):
+        _write(tmp_path, f"m-fp32-aio-first{again}", [_record("aio", 10.0), _record("openvino", 10.0)])
+        _write(tmp_path, f"m-fp32-aio-last{again}", [_record("aio", 14.0), _record("openvino", 10.0)])
+    # records beyond --retries (1) are not read
+    _write(tmp_path, "m-fp32-aio-first-again2", [_record("aio", 9.0), _record("openvino", 10.0)])
+    _write(tmp_path, "m-fp32-aio-last-again2", [_record("aio", 9.0), _record("openvino", 10.0)])
+    code, out = _render(tmp_path)
+    assert code == 1
+    assert out.count("measuring again") == 1
+    assert "UNSTABLE (the orders disagree: 1.000, 1.400)" in out.split("measuring again")[1]
+
+
 def test_orders_that_agree_keep_the_noise_rule(tmp_path):
     # 3% slower in one order, 1% faster in the other: 1% slower overall, within half the spread (2%).
     _write(tmp_path, "m-fp32-aio-first", [_record("aio", 10.3, spread=0.001), _record("openvino", 10.0, spread=0.001)])
