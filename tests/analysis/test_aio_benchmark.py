@@ -38,6 +38,7 @@ def test_a_row_whose_two_orders_disagree_is_unstable_not_a_pass(tmp_path):
     assert "UNSTABLE (the orders disagree: 1.000, 1.400)" in out
     assert "geometric mean" not in out.split("with the UNSTABLE rows")[0]
     assert "with the UNSTABLE rows, over 1 rows: 0.845x" in out
+    assert "0 PASS, 0 FAIL, 1 UNSTABLE of 1 rows" in out
 
 
 def test_a_measurement_again_replaces_an_unstable_one(tmp_path):
@@ -48,6 +49,7 @@ def test_a_measurement_again_replaces_an_unstable_one(tmp_path):
     code, out = _render(tmp_path)
     assert code == 0, out
     assert "| 0.925 (0.900, 0.950) | PASS |" in out
+    assert "1 PASS, 0 FAIL, 0 UNSTABLE of 1 rows" in out
     assert "geometric mean over 1 rows: 1.081x" in out
 
 
