@@ -197,18 +197,41 @@ def run_fleet(cfg: SweepConfig, address: str, nodes: str | None = None, points_p
             ray.shutdown()
 
 
+# A Ray client server that answered but failed to start this client's session: tried again after these pauses.
+# Its per-client server is a forked process, and a fork while gRPC threads are busy can die at birth ("epoll_wait
+# error: Bad file descriptor" in its log): the next try gets a new process.
+CONNECT_RETRY_PAUSES_S = (2.0, 5.0)
+
+
 def _connect(ray, address: str | None) -> None:
     runtime_env = {"py_modules": [str(PACKAGE)],
                    "excludes": ["__pycache__", "*.pyc"]}
     settings = {"runtime_env": runtime_env, "log_to_driver": False, "logging_level": "ERROR"}
-    try:
-        if address is None:
-            ray.init(address="local", include_dashboard=False, **settings)
-        else:
-            ray.init(address=address, **settings)
-    except (ConnectionError, RuntimeError, TimeoutError) as exc:
-        raise UsageError(f"--cluster {address or 'local'!r}: Ray could not connect "
-                         f"({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__})") from None
+    for pause in (*CONNECT_RETRY_PAUSES_S, None):
+        try:
+            if address is None:
+                ray.init(address="local", include_dashboard=False, **settings)
+            else:
+                ray.init(address=address, **settings)
+            return
+        except ConnectionAbortedError as exc:      # the server answered and refused this session (its reason inside)
+            if pause is None:
+                raise UsageError(f"--cluster {address or 'local'!r}: Ray could not connect ({_reason(exc)})") from None
+            logger.warning("--cluster %s: Ray could not start this client's session (%s); trying again in %.0f s",
+                           address, _reason(exc), pause)
+            ray.shutdown()
+            time.sleep(pause)
+        except (ConnectionError, RuntimeError, TimeoutError) as exc:
+            raise UsageError(f"--cluster {address or 'local'!r}: Ray could not connect ({_reason(exc)})") from None
+
+
+def _reason(exc: Exception) -> str:
+    """An exception's first line, and its last when that says more (a server's traceback ends with its error)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    said = lines[0].rstrip(":") if len(lines) > 1 else lines[0]
+    return (f"{said}: {lines[-1]}" if len(lines) > 1 else said)[:300]
 
 
 def _start_runners(ray, selector: NodeSelector, points_per_node: int) -> list[Runner]:

@@ -16,6 +16,7 @@ import pytest
 from conftest import ROOT, run_cli
 
 from aio_examples.core.errors import UsageError
+from aio_examples.drivers import fleet
 from aio_examples.drivers.fleet import NodeSelector, _check_environments, _share_of, check_address
 from aio_examples.machine.environment import capture
 from aio_examples.machine.topology import read_topology
@@ -87,6 +88,37 @@ def test_a_node_with_other_library_versions_or_without_numactl_is_refused():
     Runner.facts = {**node, "numactl": None}
     with pytest.raises(UsageError, match="lacks numactl"):
         _check_environments([Runner])
+
+
+class _SessionsFailing:
+    """Ray's `init` and `shutdown` as a client meets a cluster whose server fails to start the first `fails`
+    sessions (its reason at the end of the server's traceback)."""
+
+    def __init__(self, fails: int):
+        self.fails, self.inits, self.shutdowns = fails, 0, 0
+
+    def init(self, **_):
+        self.inits += 1
+        if self.inits <= self.fails:
+            raise ConnectionAbortedError("Initialization failure from server:\nTraceback (most recent call last):\n"
+                                         "  File \"proxier.py\", line 770\nRuntimeError: Starting Ray client server "
+                                         "failed.")
+
+    def shutdown(self):
+        self.shutdowns += 1
+
+
+def test_a_session_the_cluster_fails_to_start_is_tried_again_then_refused_with_its_reason(monkeypatch):
+    monkeypatch.setattr(fleet, "CONNECT_RETRY_PAUSES_S", (0.0, 0.0))
+    ray = _SessionsFailing(2)
+    fleet._connect(ray, "ray://10.0.0.9:10001")
+    assert (ray.inits, ray.shutdowns) == (3, 2)
+    ray = _SessionsFailing(3)
+    with pytest.raises(UsageError) as refused:
+        fleet._connect(ray, "ray://10.0.0.9:10001")
+    assert ray.inits == 3
+    assert str(refused.value) == ("--cluster 'ray://10.0.0.9:10001': Ray could not connect (Initialization failure "
+                                  "from server: RuntimeError: Starting Ray client server failed.)")
 
 
 # --- a real cluster (slow tier) ---------------------------------------------------------------------------------
@@ -234,6 +266,22 @@ def test_a_folder_of_several_machines_resumes_each_machine_by_its_own_records(tm
     assert finished_points(tmp_path, machine_fingerprint(env)) == {"a"}
     assert finished_points(tmp_path, machine_fingerprint(other)) == {"b"}
     assert finished_points(tmp_path) == {"a", "b"}
+
+
+@pytest.mark.slow
+def test_a_session_the_real_cluster_refused_leaves_the_client_able_to_connect_again(cluster):
+    import ray
+
+    with pytest.raises(ConnectionAbortedError) as refused:     # a package the cluster never had: refused server-side
+        ray.init(address=cluster[2], runtime_env={"py_modules": ["gcs://_ray_pkg_0123456789abcdef.zip"]},
+                 logging_level="ERROR")
+    assert "Failed to download" in fleet._reason(refused.value)
+    ray.shutdown()
+    try:
+        fleet._connect(ray, cluster[2])
+        assert ray.is_initialized() and any(n["Alive"] for n in ray.nodes())   # (a node may have been killed)
+    finally:
+        ray.shutdown()
 
 
 @pytest.mark.slow
