@@ -214,24 +214,24 @@ def _connect(ray, address: str | None) -> None:
             else:
                 ray.init(address=address, **settings)
             return
-        except ConnectionAbortedError as exc:      # the server answered and refused this session (its reason inside)
-            if pause is None:
+        except (ConnectionError, RuntimeError, TimeoutError) as exc:
+            # ConnectionAbortedError: the server answered and failed this session (its reason inside); any other
+            # error (nothing answers, a refused address) is not worth a second try
+            if not isinstance(exc, ConnectionAbortedError) or pause is None:
                 raise UsageError(f"--cluster {address or 'local'!r}: Ray could not connect ({_reason(exc)})") from None
             logger.warning("--cluster %s: Ray could not start this client's session (%s); trying again in %.0f s",
                            address, _reason(exc), pause)
             ray.shutdown()
             time.sleep(pause)
-        except (ConnectionError, RuntimeError, TimeoutError) as exc:
-            raise UsageError(f"--cluster {address or 'local'!r}: Ray could not connect ({_reason(exc)})") from None
 
 
 def _reason(exc: Exception) -> str:
-    """An exception's first line, and its last when that says more (a server's traceback ends with its error)."""
+    """An exception's first line, and its last when there are more (a server's traceback ends with its error).
+    Unlike core.errors.short_error, which keeps the first line only: Ray puts the server's reason last."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    if not lines:
-        return type(exc).__name__
-    said = lines[0].rstrip(":") if len(lines) > 1 else lines[0]
-    return (f"{said}: {lines[-1]}" if len(lines) > 1 else said)[:300]
+    if len(lines) < 2:
+        return (lines[0] if lines else type(exc).__name__)[:300]
+    return f"{lines[0].rstrip(':')}: {lines[-1]}"[:300]
 
 
 def _start_runners(ray, selector: NodeSelector, points_per_node: int) -> list[Runner]:
