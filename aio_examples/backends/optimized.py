@@ -339,8 +339,18 @@ class AioBackend(Backend):
             prepared = runners[winner][0]
             prepared.info["strategy"] = winner
             prepared.compiles_on_first_call = False
+            # every engine raced stays in: a race of a few seconds can be misled by a minute (mobilenet_v2 fp32:
+            # ONNX Runtime 39% behind OpenVINO in one race, 11% ahead in the next process), and one that stays
+            # behind is soon probed once in MAX_PROBE_EVERY passes
+            close = [n for n in sorted(timed.medians, key=timed.medians.get) if n != winner]
+            if close and switch_setting():
+                from .switching import switching
+
+                prepared = switching({n: runners[n][0] for n in [winner, *close]}, winner, race.setdefault("switch", {}))
             logger.info("aio: raced %s again here: %s; running %s", ", ".join(runners),
-                        ", ".join(f"{n} {m:.2f} ms" for n, m in timed.medians.items()), winner)
+                        ", ".join(f"{n} {m:.2f} ms" for n, m in timed.medians.items()),
+                        f"{winner}, switching at run time to {', '.join(close)} when faster" if "switch" in race
+                        else winner)
         race["race_s"] = round(time.monotonic() - start, 1)
         del runners
         gc.collect()
@@ -695,6 +705,12 @@ def race_setting() -> bool:
     """`AIO_RACE_CLOSE` (1, the default: race engines within RACE_MARGIN again when a cached decision is run;
     0: run the decision's strategy)."""
     return _switch("AIO_RACE_CLOSE", "race close engines again in this process", "run the cached decision")
+
+
+def switch_setting() -> bool:
+    """`AIO_SWITCH` (1, the default: keep every engine raced and run the fastest of them at each moment,
+    backends/switching.py; 0: run the race's winner throughout)."""
+    return _switch("AIO_SWITCH", "switch among close engines at run time", "run the race's winner")
 
 
 def _rivals(decision: dict, offered) -> list[str]:

@@ -73,6 +73,17 @@ def test_a_cached_decision_races_the_engines_close_to_it_again_in_the_process_th
     won = race["quiet"] and race["clear"]
     assert race["chosen"] == (fastest if won else slowest) == r.strategy == tuning["strategy"], race
     assert tuning["cached"] and json.loads(decision_file.read_text())["strategy"] == slowest   # the cache as it was
+    # every engine raced stays prepared, and the pass switches among them: the passes counted are the record's
+    switch = race["switch"]
+    others = sorted((s for s in race["medians_ms"] if s != race["chosen"]), key=race["medians_ms"].get)
+    assert switch["engines"] == [race["chosen"], *others] and switch["leader"] in switch["engines"], race
+    assert sum(switch["passes"].values()) >= r.latency_ms["n"] and set(switch["precision_modes"]) == set(others) | {
+        race["chosen"]}, switch
+    assert r.precision_mode.split("+")[0] == switch["precision_modes"][race["chosen"]]
+    r, tuning = rerun({s: 1.0 for s in first["medians_ms"]}, AIO_SWITCH="0")
+    assert "switch" not in tuning["race"] and r.strategy == tuning["race"]["chosen"]
+    assert "+" not in r.precision_mode
+    monkeypatch.delenv("AIO_SWITCH")
     # the others far behind: the decision's strategy alone, as cached
     r, tuning = rerun({s: 1.0 if s == slowest else 2.0 for s in first["medians_ms"]})
     assert "race" not in tuning and r.strategy == slowest
