@@ -23,6 +23,7 @@ PROBE_PASSES = 2         # passes of another engine per probe: its caches are co
 WINDOW = 7               # timed passes per engine whose median is compared
 MIN_TIMED = 3            # timed passes each engine needs before a switch
 CLEARLY_SLOWER = 1.05    # a probed engine's median this far above the leader's doubles its interval
+RACE_BEHIND_EVERY = 64   # the first interval of an engine the race found clearly slower
 
 
 class SwitchingPass:
@@ -30,11 +31,18 @@ class SwitchingPass:
     `stats` (a dict, e.g. the record's backend_info entry) is kept up to date: passes per engine, switches,
     and the leader."""
 
-    def __init__(self, names: list[str], fns: list, leader: int = 0, stats: dict | None = None):
+    def __init__(self, names: list[str], fns: list, leader: int = 0, stats: dict | None = None,
+                 medians_ms: dict | None = None):
+        """`medians_ms`: what a race just measured of each engine, if anything: each window starts with it, and
+        an engine clearly slower there starts at RACE_BEHIND_EVERY, so a short run is not spent finding out
+        again what the race found."""
         self.names, self._fns, self.leader = list(names), list(fns), leader
-        self._timed = [deque(maxlen=WINDOW) for _ in self.names]
-        self._every = [PROBE_EVERY] * len(self.names)
-        self._due = [PROBE_EVERY] * len(self.names)     # leader passes until each engine's next probe
+        seeds = [(medians_ms or {}).get(n) for n in self.names]
+        self._timed = [deque([] if ms is None else [ms * 1e6], maxlen=WINDOW) for ms in seeds]
+        ahead = seeds[leader]
+        self._every = [RACE_BEHIND_EVERY if ms and ahead and ms > ahead * CLEARLY_SLOWER else PROBE_EVERY
+                       for ms in seeds]
+        self._due = list(self._every)      # leader passes until each engine's next probe
         self._probing, self._left, self._cold = None, 0, False
         self.stats = stats if stats is not None else {}
         self.stats.update(engines=self.names, passes=dict.fromkeys(self.names, 0), switches=0,
@@ -90,14 +98,14 @@ class SwitchingPass:
         self._due[probed] = self._every[probed]
 
 
-def switching(prepared: dict[str, Prepared], leader: str, stats: dict) -> Prepared:
+def switching(prepared: dict[str, Prepared], leader: str, stats: dict, medians_ms: dict | None = None) -> Prepared:
     """A Prepared running the fastest of `prepared` at each moment, starting with `leader`; `stats` gets its
-    passes per engine, switches and each engine's precision mode. Its inputs are each engine's own. Its
+    passes per engine, switches and each engine's precision mode; `medians_ms` is what a race just measured. Its inputs are each engine's own. Its
     precision mode is the engines' (joined with "+" where they differ: OpenVINO's pinned f32 beside ONNX
     Runtime's native fp32), so the record names every mode its passes ran in."""
     names = [leader, *(n for n in prepared if n != leader)]
     parts = [prepared[n] for n in names]
-    fn = SwitchingPass(names, [p.fn for p in parts], 0, stats)
+    fn = SwitchingPass(names, [p.fn for p in parts], 0, stats, medians_ms)
     stats["precision_modes"] = {n: p.precision_mode for n, p in zip(names, parts, strict=True)}
     return Prepared(fn, tuple(p.inputs for p in parts), "+".join(dict.fromkeys(p.precision_mode for p in parts)),
                     dict(parts[0].info), convert=lambda inputs: tuple(p.feed(inputs) for p in parts))

@@ -102,3 +102,23 @@ def test_the_kept_column_names_the_knobs_and_the_stages_that_won_and_no_stage_th
     _write(tmp_path, "m-fp32-aio-last", [aio, _record("openvino", 10.0)])
     row = next(line for line in _render(tmp_path)[1].splitlines() if line.startswith("| m |"))
     assert "io_binding=True, rows |" in row and "split" not in row
+
+
+def test_orders_that_disagree_but_both_find_aio_faster_are_a_pass_that_says_so(tmp_path):
+    # 0.85 and 0.95: which is faster is sure in both processes, by how much is not
+    _write(tmp_path, "m-fp32-aio-first", [_record("aio", 8.5), _record("openvino", 10.0)])
+    _write(tmp_path, "m-fp32-aio-last", [_record("aio", 9.5), _record("openvino", 10.0)])
+    code, out = _render(tmp_path)
+    assert code == 0, out
+    assert "PASS (faster in both orders, which disagree: 0.850, 0.950)" in out and "measuring again" not in out
+    assert "1 PASS, 0 FAIL, 0 UNSTABLE of 1 rows" in out and "geometric mean over 1 rows: 1.113x" in out
+
+
+def test_the_strategy_column_gives_each_engines_share_of_the_passes_when_aio_switched(tmp_path):
+    aio = _record("aio", 9.0)
+    aio["backend_info"] = {"tuning": {"race": {"switch": {"engines": ["openvino", "onnxruntime"],
+                                                          "passes": {"openvino": 90, "onnxruntime": 30}}}}}
+    _write(tmp_path, "m-fp32-aio-first", [aio, _record("openvino", 10.0)])
+    _write(tmp_path, "m-fp32-aio-last", [_record("aio", 9.0), _record("openvino", 10.0)])
+    row = next(line for line in _render(tmp_path)[1].splitlines() if line.startswith("| m |"))
+    assert "(openvino 75%+onnxruntime 25%/openvino)" in row, row

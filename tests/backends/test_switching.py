@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from aio_examples.backends import Prepared
-from aio_examples.backends.switching import MAX_PROBE_EVERY, PROBE_EVERY, SwitchingPass, switching
+from aio_examples.backends.switching import MAX_PROBE_EVERY, PROBE_EVERY, RACE_BEHIND_EVERY, SwitchingPass, switching
 
 
 class Engine:
@@ -48,6 +48,18 @@ def test_an_engine_clearly_slower_is_probed_less_and_less():
     # probed every PROBE_EVERY passes throughout, the slow one would have run 2 passes in 17: about 350
     assert stats["passes"]["slow"] < 3000 * 2 / (PROBE_EVERY + 2) / 3, stats
     assert p._every[1] > PROBE_EVERY and p._every[1] <= MAX_PROBE_EVERY
+
+
+def test_a_race_just_run_sets_where_it_starts_but_not_where_it_ends():
+    """An engine the race found far behind is not probed for RACE_BEHIND_EVERY passes; when the race was misled
+    (the engine it put behind is the faster one now), the pass still moves to it."""
+    stats = {}
+    p = SwitchingPass(["a", "b"], [Engine("a", 0.2), Engine("b", 0.2)], 0, stats, {"a": 0.2, "b": 0.4})
+    assert set(run(p, RACE_BEHIND_EVERY - 1)) == {"a"}
+    stats = {}
+    p = SwitchingPass(["a", "b"], [Engine("a", 1.0), Engine("b", 0.3)], 0, stats, {"a": 0.3, "b": 1.0})
+    ran = run(p, RACE_BEHIND_EVERY + 200)
+    assert stats["leader"] == "b" and ran[-50:].count("b") >= 45, ran[-50:]
 
 
 def test_each_engine_gets_its_own_inputs_and_the_output_of_the_one_that_ran():
