@@ -11,7 +11,14 @@ from .parser import PROG
 
 def _backends(arg: str | None) -> list[str]:
     from ..backends import DEFAULT_BACKEND, available_backends, get_backend
-    from ..backends.optimized import knob_settings, process_mode, race_setting, rows_setting, split_settings
+    from ..backends.optimized import (
+        knob_settings,
+        process_mode,
+        race_setting,
+        rows_setting,
+        split_settings,
+        switch_setting,
+    )
 
     if arg is None:
         names = [DEFAULT_BACKEND]
@@ -26,6 +33,7 @@ def _backends(arg: str | None) -> list[str]:
         split_settings()                      # and AIO_TUNE_SPLIT / AIO_SPLIT_BUDGET_S
         rows_setting()                        # and AIO_TUNE_ROWS
         race_setting()                        # and AIO_RACE_CLOSE
+        switch_setting()                      # and AIO_SWITCH
     if "aio" in names and not process_mode():
         print("AIO_PROCESS_MODE=0: the optimized backend is off, running eager instead", file=sys.stderr)
         names = list(dict.fromkeys("eager" if n == "aio" else n for n in names))
