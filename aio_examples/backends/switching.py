@@ -83,8 +83,8 @@ class SwitchingPass:
 
     def _decide(self, probed: int) -> None:
         ahead, mine = self._timed[probed], self._timed[self.leader]
-        if len(ahead) < MIN_TIMED or len(mine) < MIN_TIMED:
-            self._due[probed] = PROBE_EVERY
+        if len(ahead) < MIN_TIMED or len(mine) < MIN_TIMED:     # too few to judge: probed again at its interval
+            self._due[probed] = self._every[probed]
             return
         theirs, ours = statistics.median(ahead), statistics.median(mine)
         if theirs < ours:
