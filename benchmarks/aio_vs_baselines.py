@@ -14,7 +14,8 @@ overlapping in both orders. A row whose two orders disagree by more than 10% (ai
 1.00 in the other) has measured the order, not aio: it is measured once more (`--retries`), and if the
 orders still disagree its verdict is UNSTABLE, which is not a PASS, and it is left out of the geometric
 mean (printed over all rows too); unless aio is faster than the best baseline in both orders (0.85 and
-0.95): then by how much is unsure but not which is faster, and the row is a PASS that says so. `--render-only` recomputes the verdicts from the records already written.
+0.95): then by how much is unsure but not which is faster, and the row is a PASS that says so.
+`--render-only` recomputes the verdicts from the records already written.
 Each row also gives the best baseline's achieved FLOP/s as a share of this machine's measured matrix-multiply
 peak at that precision and thread count (`aio-examples peak`; "-" where none is cached): how much
 any backend could still gain without computing less.

@@ -346,8 +346,8 @@ class AioBackend(Backend):
             if close and switch_setting():
                 from .switching import switching
 
-                prepared = switching({n: runners[n][0] for n in [winner, *close]}, winner, race.setdefault("switch", {}),
-                                     timed.medians)
+                prepared = switching({n: runners[n][0] for n in [winner, *close]}, winner,
+                                     race.setdefault("switch", {}), timed.medians)
             logger.info("aio: raced %s again here: %s; running %s", ", ".join(runners),
                         ", ".join(f"{n} {m:.2f} ms" for n, m in timed.medians.items()),
                         f"{winner}, switching at run time to {', '.join(close)} when faster" if "switch" in race

@@ -27,26 +27,25 @@ RACE_BEHIND_EVERY = 64   # the first interval of an engine the race found clearl
 
 
 class SwitchingPass:
-    """Call with one input tuple per engine (in `names` order); returns the output of the engine that ran.
-    `stats` (a dict, e.g. the record's backend_info entry) is kept up to date: passes per engine, switches,
-    and the leader."""
+    """Call with one input tuple per engine (in `names` order); returns the output of the engine that ran. The
+    first engine leads at the start. `stats` (a dict, e.g. the record's backend_info entry) is kept up to date:
+    passes per engine, switches, and the leader."""
 
-    def __init__(self, names: list[str], fns: list, leader: int = 0, stats: dict | None = None,
-                 medians_ms: dict | None = None):
+    def __init__(self, names: list[str], fns: list, stats: dict | None = None, medians_ms: dict | None = None):
         """`medians_ms`: what a race just measured of each engine, if anything: each window starts with it, and
         an engine clearly slower there starts at RACE_BEHIND_EVERY, so a short run is not spent finding out
         again what the race found."""
-        self.names, self._fns, self.leader = list(names), list(fns), leader
+        self.names, self._fns, self.leader = list(names), list(fns), 0
         seeds = [(medians_ms or {}).get(n) for n in self.names]
         self._timed = [deque([] if ms is None else [ms * 1e6], maxlen=WINDOW) for ms in seeds]
-        ahead = seeds[leader]
+        ahead = seeds[0]
         self._every = [RACE_BEHIND_EVERY if ms and ahead and ms > ahead * CLEARLY_SLOWER else PROBE_EVERY
                        for ms in seeds]
         self._due = list(self._every)      # leader passes until each engine's next probe
         self._probing, self._left, self._cold = None, 0, False
         self.stats = stats if stats is not None else {}
         self.stats.update(engines=self.names, passes=dict.fromkeys(self.names, 0), switches=0,
-                          leader=self.names[leader], probe_every=PROBE_EVERY, probe_passes=PROBE_PASSES)
+                          leader=self.names[0], probe_every=PROBE_EVERY, probe_passes=PROBE_PASSES)
 
     def __call__(self, *inputs):
         i = self._next()
@@ -100,12 +99,12 @@ class SwitchingPass:
 
 def switching(prepared: dict[str, Prepared], leader: str, stats: dict, medians_ms: dict | None = None) -> Prepared:
     """A Prepared running the fastest of `prepared` at each moment, starting with `leader`; `stats` gets its
-    passes per engine, switches and each engine's precision mode; `medians_ms` is what a race just measured. Its inputs are each engine's own. Its
-    precision mode is the engines' (joined with "+" where they differ: OpenVINO's pinned f32 beside ONNX
-    Runtime's native fp32), so the record names every mode its passes ran in."""
+    passes per engine, switches and each engine's precision mode; `medians_ms` is what a race just measured.
+    Its inputs are each engine's own. Its precision mode is the engines' (joined with "+" where they differ:
+    OpenVINO's pinned f32 beside ONNX Runtime's native fp32), so the record names every mode its passes ran in."""
     names = [leader, *(n for n in prepared if n != leader)]
     parts = [prepared[n] for n in names]
-    fn = SwitchingPass(names, [p.fn for p in parts], 0, stats, medians_ms)
+    fn = SwitchingPass(names, [p.fn for p in parts], stats, medians_ms)
     stats["precision_modes"] = {n: p.precision_mode for n, p in zip(names, parts, strict=True)}
     return Prepared(fn, tuple(p.inputs for p in parts), "+".join(dict.fromkeys(p.precision_mode for p in parts)),
                     dict(parts[0].info), convert=lambda inputs: tuple(p.feed(inputs) for p in parts))

@@ -29,7 +29,7 @@ def run(p: SwitchingPass, passes: int) -> list[str]:
 def test_it_moves_to_the_engine_that_is_faster_now_and_back_when_the_lead_changes():
     slow, fast = Engine("slow", 1.0), Engine("fast", 0.3)
     stats = {}
-    p = SwitchingPass(["slow", "fast"], [slow, fast], 0, stats)
+    p = SwitchingPass(["slow", "fast"], [slow, fast], stats)
     ran = run(p, 200)
     assert ran[-50:].count("fast") >= 45, ran[-50:]          # the leader now, but for a probe of the other
     assert stats["leader"] == "fast" and stats["switches"] >= 1
@@ -42,7 +42,7 @@ def test_it_moves_to_the_engine_that_is_faster_now_and_back_when_the_lead_change
 
 def test_an_engine_clearly_slower_is_probed_less_and_less():
     stats = {}
-    p = SwitchingPass(["fast", "slow"], [Engine("fast", 0.1), Engine("slow", 0.6)], 0, stats)
+    p = SwitchingPass(["fast", "slow"], [Engine("fast", 0.1), Engine("slow", 0.6)], stats)
     run(p, 3000)
     assert stats["leader"] == "fast"
     # probed every PROBE_EVERY passes throughout, the slow one would have run 2 passes in 17: about 350
@@ -54,14 +54,14 @@ def test_a_race_just_run_sets_where_it_starts_but_not_where_it_ends():
     """An engine the race found far behind is not probed for RACE_BEHIND_EVERY passes; when the race was misled
     (the engine it put behind is the faster one now), the pass still moves to it."""
     stats = {}
-    p = SwitchingPass(["a", "b"], [Engine("a", 0.2), Engine("b", 0.4)], 0, stats, {"a": 0.2, "b": 0.4})
+    p = SwitchingPass(["a", "b"], [Engine("a", 0.2), Engine("b", 0.4)], stats, {"a": 0.2, "b": 0.4})
     ran = run(p, 1000)
     assert set(ran[:RACE_BEHIND_EVERY - 1]) == {"a"}
     # and, staying behind, probed at longer and longer intervals from there (64, 64, 128, 256: four probes of two
     # passes in 1000; one more for a probe that noise made look close)
     assert stats["passes"]["b"] <= 2 * 5, stats
     stats = {}
-    p = SwitchingPass(["a", "b"], [Engine("a", 1.0), Engine("b", 0.3)], 0, stats, {"a": 0.3, "b": 1.0})
+    p = SwitchingPass(["a", "b"], [Engine("a", 1.0), Engine("b", 0.3)], stats, {"a": 0.3, "b": 1.0})
     ran = run(p, RACE_BEHIND_EVERY + 200)
     assert stats["leader"] == "b" and ran[-50:].count("b") >= 45, ran[-50:]
 
@@ -71,8 +71,9 @@ def test_each_engine_gets_its_own_inputs_and_the_output_of_the_one_that_ran():
     seen = []
     torch_engine = Prepared(lambda x: seen.append(("torch", type(x))) or x * 2, (torch.ones(3),), "native",
                             {"strategy": "compiled"})
-    numpy_engine = Prepared(lambda x: seen.append(("numpy", type(x))) or x * 2, (np.ones(3, np.float32),), "inference-precision-f32",
-                            {"strategy": "onnxruntime"}, convert=lambda t: tuple(a.numpy() for a in t))
+    numpy_engine = Prepared(lambda x: seen.append(("numpy", type(x))) or x * 2, (np.ones(3, np.float32),),
+                            "inference-precision-f32", {"strategy": "onnxruntime"},
+                            convert=lambda t: tuple(a.numpy() for a in t))
     stats = {}
     p = switching({"compiled": torch_engine, "onnxruntime": numpy_engine}, "onnxruntime", stats)
     assert stats["engines"] == ["onnxruntime", "compiled"] and p.info["strategy"] == "onnxruntime"
