@@ -115,15 +115,6 @@ def _knobs(record: dict) -> str:
     return ", ".join(kept) or "-"
 
 
-def _strategy(record: dict) -> str:
-    """What aio ran: its strategy, or the engines it switched among with each one's share of the passes."""
-    switch = (((record.get("backend_info") or {}).get("tuning") or {}).get("race") or {}).get("switch")
-    if not switch:
-        return record.get("strategy") or "-"
-    total = sum(switch["passes"].values()) or 1
-    return "+".join(f"{n} {100 * switch['passes'][n] / total:.0f}%" for n in switch["engines"])
-
-
 def _compare(model, precision, runs: list[list[dict]]) -> dict:
     """Combine the two preparation orders: geometric mean of each backend's medians over the runs."""
     bys = [{r["backend"]: r for r in records if r["precision"] == precision} for records in runs]
@@ -135,7 +126,7 @@ def _compare(model, precision, runs: list[list[dict]]) -> dict:
         row["strategy"] = f"{bad['status']}: {bad['reason']}" if bad else "missing"
         return row
     row.update(aio=_geomean([a["latency_ms"]["median"] for a in aios]),
-               strategy="/".join(dict.fromkeys(_strategy(a) for a in aios)),
+               strategy="/".join(dict.fromkeys(a.get("strategy") or "-" for a in aios)),
                knobs="/".join(dict.fromkeys(_knobs(a) for a in aios)))
     baselines = {b: [by[b] for by in bys] for b in BASELINES
                  if all(b in by and by[b]["status"] == "ok" for by in bys)}

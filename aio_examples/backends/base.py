@@ -24,6 +24,9 @@ class Prepared:
     # (passes, trace path or None) -> (tool, rows of {op, self_ms, calls, shapes} per pass, trace written or
     # None): the engine's own profiler (measurement/profile.py); None: torch.profiler around `fn`
     profile: Callable[[int, Any], tuple] | None = None
+    # after the passes: how they ran, where that is decided pass by pass (aio switching among engines); the
+    # record's strategy. None: info["strategy"], fixed at preparation
+    strategy_ran: Callable[[], str] | None = None
 
     def feed(self, inputs: tuple) -> tuple:
         """Other inputs of the example inputs' shapes (a dataset's batches) in the form `fn` takes."""

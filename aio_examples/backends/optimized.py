@@ -233,6 +233,7 @@ class AioBackend(Backend):
             raise UnsupportedError("no aio strategy runs this model at " + precision + ": "
                                    + "; ".join(f"{k}: {v}" for k, v in refused.items()))
         knobs = splits = rows = False
+        switch_to, switch_medians = {}, None         # the engines switched among at run time, beside the best
         if ctx.time_passes is None:
             best = next(iter(prepared))
             tuning = {"not_tuned": "no timing function handed in", "refused": refused}
@@ -264,9 +265,22 @@ class AioBackend(Backend):
             if len(tuned) > 1:
                 best = _final(tuned, best, ctx.time_passes, threads, tuning)
             chosen, model, ctx, _ = tuned[best]
+            switch_to = {n: t[0][0] for n, t in tuned.items() if n != best and n in STRATEGIES}
+            final = tuning.get("finalists") or {}
+            switch_medians = final.get("medians_ms") if final.get("quiet") else None
             del tuned, finalists
+        elif ctx.time_passes is not None and not all_wrong and not is_generation_step(model):
+            # the finalists, close enough to trade the lead (every engine when the rounds were busy: their order
+            # then says little), stay prepared, and the run switches among them (backends/switching.py)
+            provisional = "provisional" in tuning
+            close = [s for s in prepared if s in STRATEGIES and s != best] if provisional else \
+                _finalists(best, tuning.get("medians_ms") or {})[1:]
+            switch_to = {n: prepared[n][0] for n in close}
+            switch_medians = None if provisional else tuning.get("medians_ms")
         if ctx.time_passes is not None and splits and not all_wrong and "provisional" not in tuning:
             prepared = wrong = None
+            if switch_to and _memory_short(weights * (len(engines) + 1)):
+                switch_to = {}          # the split, whose decision is cached, needs the memory more
             best, chosen = self._tune_split(best, chosen, engines, model, weights, example_inputs, precision,
                                             threads, ctx, checked, tuning)
         tuning["tuning_s"] = round(time.monotonic() - started, 1)     # preparing and timing it all, knobs too
@@ -275,7 +289,9 @@ class AioBackend(Backend):
         chosen = chosen[0]
         chosen.info.update({"strategy": best, "tuning": tuning})
         chosen.compiles_on_first_call = False     # already compiled above
-        return chosen
+        if best not in STRATEGIES:
+            switch_to = {}                # a split
+        return _with_switching(chosen, best, switch_to, tuning, switch_medians) if switch_to else chosen
 
     def _race(self, prepared: Prepared, rivals: list, model, ctx, example_inputs, precision, threads) -> Prepared:
         """The cached decision's strategy timed again, in this process, against its `rivals` (each prepared from
@@ -342,16 +358,10 @@ class AioBackend(Backend):
             # every engine raced stays in: a race of a few seconds can be misled by a minute (mobilenet_v2 fp32:
             # ONNX Runtime 39% behind OpenVINO in one race, 11% ahead in the next process), and one that stays
             # behind is soon probed once in MAX_PROBE_EVERY passes
-            close = [n for n in sorted(timed.medians, key=timed.medians.get) if n != winner]
-            if close and switch_setting():
-                from .switching import switching
-
-                prepared = switching({n: runners[n][0] for n in [winner, *close]}, winner,
-                                     race.setdefault("switch", {}), timed.medians)
-            logger.info("aio: raced %s again here: %s; running %s", ", ".join(runners),
-                        ", ".join(f"{n} {m:.2f} ms" for n, m in timed.medians.items()),
-                        f"{winner}, switching at run time to {', '.join(close)} when faster" if "switch" in race
-                        else winner)
+            close = {n: runners[n][0] for n in sorted(timed.medians, key=timed.medians.get) if n != winner}
+            prepared = _with_switching(prepared, winner, close, tuning, timed.medians if timed.quiet else None)
+            logger.info("aio: raced %s again here: %s", ", ".join(runners),
+                        ", ".join(f"{n} {m:.2f} ms" for n, m in timed.medians.items()))
         race["race_s"] = round(time.monotonic() - start, 1)
         del runners
         gc.collect()
@@ -712,6 +722,22 @@ def switch_setting() -> bool:
     """`AIO_SWITCH` (1, the default: keep every engine raced and run the fastest of them at each moment,
     backends/switching.py; 0: run the race's winner throughout)."""
     return _switch("AIO_SWITCH", "switch among close engines at run time", "run the race's winner")
+
+
+def _with_switching(prepared: Prepared, best: str, others: dict[str, Prepared], tuning: dict,
+                    medians_ms: dict | None) -> Prepared:
+    """`prepared` (the strategy `best`) switching at run time among `others` too (backends/switching.py), unless
+    there are none or AIO_SWITCH is 0; `tuning["switch"]` gets the passes each engine ran. `medians_ms`: what
+    quiet rounds just measured of each (None when they were not quiet)."""
+    if not others or not switch_setting():
+        logger.info("aio: running %s", best)
+        return prepared
+    from .switching import switching
+
+    for name, p in others.items():
+        p.info.update(strategy=name, tuning=tuning)
+    logger.info("aio: running %s, switching at run time to %s when faster", best, ", ".join(others))
+    return switching({best: prepared, **others}, best, tuning.setdefault("switch", {}), medians_ms)
 
 
 def _rivals(decision: dict, offered) -> list[str]:

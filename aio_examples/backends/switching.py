@@ -47,6 +47,16 @@ class SwitchingPass:
         self.stats.update(engines=self.names, passes=dict.fromkeys(self.names, 0), switches=0,
                           leader=self.names[0], probe_every=PROBE_EVERY, probe_passes=PROBE_PASSES)
 
+    def shares(self) -> str:
+        """The engines that ran, most passes first, with each one's share (`onnxruntime 97%+openvino 3%`); the
+        engine's name alone when one ran every pass."""
+        passes = self.stats["passes"]
+        total = sum(passes.values())
+        ran = sorted((n for n in self.names if passes[n]), key=lambda n: -passes[n])
+        if len(ran) <= 1:
+            return ran[0] if ran else self.names[0]
+        return "+".join(f"{n} {_percent(passes[n] / total)}" for n in ran)
+
     def __call__(self, *inputs):
         i = self._next()
         start = time.perf_counter_ns()
@@ -99,7 +109,9 @@ class SwitchingPass:
 
 def switching(prepared: dict[str, Prepared], leader: str, stats: dict, medians_ms: dict | None = None) -> Prepared:
     """A Prepared running the fastest of `prepared` at each moment, starting with `leader`; `stats` gets its
-    passes per engine, switches and each engine's precision mode; `medians_ms` is what a race just measured.
+    passes per engine, switches and each engine's precision mode; `medians_ms` is what was just measured of
+    each engine in quiet rounds (None: nothing to trust, each window starts empty). The record's strategy
+    names the engines that ran, with their shares of the passes.
     Its inputs are each engine's own. Its precision mode is the engines' (joined with "+" where they differ:
     OpenVINO's pinned f32 beside ONNX Runtime's native fp32), so the record names every mode its passes ran in."""
     names = [leader, *(n for n in prepared if n != leader)]
@@ -107,4 +119,10 @@ def switching(prepared: dict[str, Prepared], leader: str, stats: dict, medians_m
     fn = SwitchingPass(names, [p.fn for p in parts], stats, medians_ms)
     stats["precision_modes"] = {n: p.precision_mode for n, p in zip(names, parts, strict=True)}
     return Prepared(fn, tuple(p.inputs for p in parts), "+".join(dict.fromkeys(p.precision_mode for p in parts)),
-                    dict(parts[0].info), convert=lambda inputs: tuple(p.feed(inputs) for p in parts))
+                    dict(parts[0].info), convert=lambda inputs: tuple(p.feed(inputs) for p in parts),
+                    strategy_ran=fn.shares)
+
+
+def _percent(share: float) -> str:
+    return "<1%" if share < 0.005 else f"{100 * share:.0f}%"
+

@@ -434,6 +434,8 @@ def _fill(cand: _Candidate, req: RunRequest) -> None:
         r.warnings.append(f"interrupted after {len(m.samples_ns)} measured passes: a resumed sweep measures it "
                           "again")
     r.confidence_met = m.confidence_met
+    if cand.prepared.strategy_ran is not None:
+        r.strategy = cand.prepared.strategy_ran()
     if m.rounds and m.rounds[0][1] is not None:
         from ..machine.probe import MachineProbe
 

@@ -115,9 +115,7 @@ def test_orders_that_disagree_but_both_find_aio_faster_are_a_pass_that_says_so(t
 
 
 def test_the_strategy_column_gives_each_engines_share_of_the_passes_when_aio_switched(tmp_path):
-    aio = _record("aio", 9.0)
-    aio["backend_info"] = {"tuning": {"race": {"switch": {"engines": ["openvino", "onnxruntime"],
-                                                          "passes": {"openvino": 90, "onnxruntime": 30}}}}}
+    aio = {**_record("aio", 9.0), "strategy": "openvino 75%+onnxruntime 25%"}     # as the runner writes it
     _write(tmp_path, "m-fp32-aio-first", [aio, _record("openvino", 10.0)])
     _write(tmp_path, "m-fp32-aio-last", [_record("aio", 9.0), _record("openvino", 10.0)])
     row = next(line for line in _render(tmp_path)[1].splitlines() if line.startswith("| m |"))

@@ -38,6 +38,18 @@ def test_it_moves_to_the_engine_that_is_faster_now_and_back_when_the_lead_change
     assert ran[-50:].count("slow") >= 45, ran[-50:]
     assert stats["leader"] == "slow" and stats["switches"] >= 2
     assert sum(stats["passes"].values()) == 600 and stats["engines"] == ["slow", "fast"]
+    # what the record's strategy says: the engines that ran, most passes first, with their shares
+    most, least = sorted(stats["passes"], key=stats["passes"].get, reverse=True)
+    assert p.shares() == f"{most} {100 * stats['passes'][most] / 600:.0f}%+{least} " \
+        f"{100 * stats['passes'][least] / 600:.0f}%", (p.shares(), stats)
+
+
+def test_the_strategy_names_one_engine_alone_when_no_other_ran():
+    p = SwitchingPass(["a", "b"], [Engine("a", 0.0), Engine("b", 0.2)], {})
+    run(p, PROBE_EVERY - 1)
+    assert p.shares() == "a"
+    run(p, 1000)
+    assert p.shares().startswith("a ") and "+b " in p.shares(), p.shares()
 
 
 def test_an_engine_clearly_slower_is_probed_less_and_less():
@@ -77,6 +89,7 @@ def test_each_engine_gets_its_own_inputs_and_the_output_of_the_one_that_ran():
     stats = {}
     p = switching({"compiled": torch_engine, "onnxruntime": numpy_engine}, "onnxruntime", stats)
     assert stats["engines"] == ["onnxruntime", "compiled"] and p.info["strategy"] == "onnxruntime"
+    assert p.strategy_ran() == "onnxruntime"            # before any pass: the leader
     # the record names both modes its passes ran in, the leader's first
     assert p.precision_mode == "inference-precision-f32+native", p.precision_mode
     assert stats["precision_modes"] == {"onnxruntime": "inference-precision-f32", "compiled": "native"}
