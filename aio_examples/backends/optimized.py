@@ -280,7 +280,7 @@ class AioBackend(Backend):
             switch_medians = None if provisional else tuning.get("medians_ms")
         if ctx.time_passes is not None and splits and not all_wrong and "provisional" not in tuning:
             prepared = wrong = None
-            if switch_to and _memory_short(weights * (len(engines) + 1)):
+            if switch_to and _memory_short(_split_need(weights, engines)):
                 switch_to = {}          # the split, whose decision is cached, needs the memory more
             best, chosen = self._tune_split(best, chosen, engines, model, weights, example_inputs, precision,
                                             threads, ctx, checked, tuning)
@@ -523,7 +523,7 @@ class AioBackend(Backend):
 
         start, budget = time.monotonic(), split_settings()[1]
         trial = tuning["split"] = {}
-        short = _memory_short(weights * (len(engines) + 1))
+        short = _memory_short(_split_need(weights, engines))
         if short:
             trial["not_tried"] = short
             return best, chosen
@@ -735,8 +735,6 @@ def _with_switching(prepared: Prepared, best: str, others: dict[str, Prepared], 
         return prepared
     from .switching import switching
 
-    for name, p in others.items():
-        p.info.update(strategy=name, tuning=tuning)
     logger.info("aio: running %s, switching at run time to %s when faster", best, ", ".join(others))
     return switching({best: prepared, **others}, best, tuning.setdefault("switch", {}), medians_ms)
 
@@ -783,6 +781,11 @@ def _split_prepared(graph, stages: list, example_inputs, info: dict) -> Prepared
     modes = ", ".join(f"{i}: {s.prepared.info['engine']} {s.prepared.precision_mode}" for i, s in enumerate(stages))
     info = {**info, "segments": [{"precision_mode": s.prepared.precision_mode, **s.prepared.info} for s in stages]}
     return Prepared(split.split_pass(graph, stages), tuple(example_inputs), f"split ({modes})", info)
+
+
+def _split_need(weights: int, engines: list) -> int:
+    """Bytes the split stage needs free: each segment prepared on each engine, and the cut graph."""
+    return weights * (len(engines) + 1)
 
 
 def may_split(prepared: dict, model) -> bool:
