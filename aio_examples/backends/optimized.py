@@ -120,6 +120,12 @@ def rows_setting() -> bool:
     return _switch("AIO_TUNE_ROWS", "try computing only the rows read")
 
 
+def huge_pages_setting() -> bool:
+    """`AIO_HUGE_PAGES` (1, the default: back the memory aio's engines allocate with huge pages,
+    backends/hugepages.py; 0: leave it in the pages it was given)."""
+    return _switch("AIO_HUGE_PAGES", "back what aio prepares with huge pages", "leave its pages as allocated")
+
+
 def process_mode() -> bool:
     """`AIO_PROCESS_MODE`: 1 (default) runs the optimized backend, 0 falls back to eager."""
     return _switch("AIO_PROCESS_MODE", "run the optimized backend", "fall back to eager")
@@ -137,6 +143,24 @@ class AioBackend(Backend):
         self.engines = dict(engines or {})
 
     def prepare(self, model, example_inputs, precision, threads, ctx):
+        """What the strategy chosen (and the engines switched among) allocated, compiled on its first call
+        where it compiles then, backed by huge pages (backends/hugepages.py) once tuning is over: the
+        strategies are timed against each other alike, in the pages they were given."""
+        import torch
+
+        from . import hugepages
+
+        backed: dict = {}
+        with hugepages.backing(backed, huge_pages_setting()):
+            prepared = self._prepare(model, example_inputs, precision, threads, ctx)
+            if prepared.compiles_on_first_call:
+                with torch.no_grad():        # compiling makes the graph's constants: backed too
+                    _one_pass(prepared, ctx)()
+                prepared.compiles_on_first_call = False
+        prepared.info.update(backed)
+        return prepared
+
+    def _prepare(self, model, example_inputs, precision, threads, ctx):
         from ..machine.environment import capture
         from .artifacts import describe_inputs
 

@@ -12,6 +12,7 @@ from .parser import PROG
 def _backends(arg: str | None) -> list[str]:
     from ..backends import DEFAULT_BACKEND, available_backends, get_backend
     from ..backends.optimized import (
+        huge_pages_setting,
         knob_settings,
         process_mode,
         race_setting,
@@ -34,6 +35,7 @@ def _backends(arg: str | None) -> list[str]:
         rows_setting()                        # and AIO_TUNE_ROWS
         race_setting()                        # and AIO_RACE_CLOSE
         switch_setting()                      # and AIO_SWITCH
+        huge_pages_setting()                  # and AIO_HUGE_PAGES
     if "aio" in names and not process_mode():
         print("AIO_PROCESS_MODE=0: the optimized backend is off, running eager instead", file=sys.stderr)
         names = list(dict.fromkeys("eager" if n == "aio" else n for n in names))

@@ -201,7 +201,7 @@ def test_invalid_aio_variables_are_one_line_errors_before_any_work(tmp_path):
     for var, value in (("AIO_PROCESS_MODE", "2"), ("AIO_MERGE_LINEAR", "yes"),
                        ("AIO_IMPLICIT_FP16_TRANSFORM_FILTER", "("), ("AIO_TUNE_KNOBS", "yes"),
                        ("AIO_KNOB_BUDGET_S", "-5"), ("AIO_RACE_CLOSE", "yes"),
-                       ("AIO_SWITCH", "2")):
+                       ("AIO_SWITCH", "2"), ("AIO_HUGE_PAGES", "on")):
         r = run_cli(["-m", "aio_examples", "run", "squeezenet", "--output", str(tmp_path)], env={var: value})
         assert r.returncode == 2, (var, r.stderr)
         assert var in r.stderr and "accepted" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
