@@ -5,7 +5,8 @@ and executing through ONNX Runtime or OpenVINO. The first run for a (model, shap
 threads, CPU, library versions) prepares every strategy that can run, times them in interleaved
 rounds and caches the decision on disk; later runs prepare the winner, and race the engines that came
 close to it again in their own process. Either way, the engines close to the one run stay prepared and each
-pass runs whichever is fastest at that moment (backends/switching.py). Precisions: fp32 and bf16 end to end;
+pass runs whichever is fastest at that moment (backends/switching.py), in memory moved to huge pages once
+tuning is over (backends/hugepages.py). Precisions: fp32 and bf16 end to end;
 fp16 and int8 through the implicit modes of the compiled graph (reduced-precision or int8 kernels for the ops
 the `AIO_*` filters select) or the runtimes' own fp16/int8.
 """
