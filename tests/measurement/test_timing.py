@@ -285,3 +285,22 @@ def test_a_point_taking_turns_measures_one_backend():
     turns, _, _ = sweep_side([])
     with pytest.raises(UsageError, match="exactly one backend"):
         TurnsScenario(turns).measure([Measurement(lambda: None, StopRule(), first_pass_ms=1.0)] * 2, None, None, 1.0)
+
+
+def test_a_measurement_done_at_its_target_stays_in_the_rounds_while_another_runs(clock):
+    rng = np.random.default_rng(0)
+    steady = Measurement(passes(clock, rng.normal(10, 0.01, 100_000)), StopRule(timeout_s=4, min_time_s=0.5))
+    noisy = Measurement(passes(clock, rng.uniform(10, 100, 100_000)), StopRule(timeout_s=3))
+    measure([steady, noisy], round_s=0.5)
+    assert steady.stop_reason == "confidence" and noisy.stop_reason == "timeout"
+    assert steady.measured_s >= 2.5          # kept in the rounds, not stopped at 0.5 s
+    assert steady.measured_s < 4.2           # ... and no further than its own timeout, nor the noisy one's end
+
+
+def test_a_measurement_kept_in_the_rounds_stops_at_its_own_timeout(clock):
+    rng = np.random.default_rng(0)
+    steady = Measurement(passes(clock, rng.normal(10, 0.01, 100_000)), StopRule(timeout_s=1.5, min_time_s=0.5))
+    noisy = Measurement(passes(clock, rng.uniform(10, 100, 100_000)), StopRule(timeout_s=4))
+    measure([steady, noisy], round_s=0.5)
+    assert 1.5 <= steady.measured_s < 2.1 and noisy.measured_s >= 4
+    assert steady.stop_reason == "confidence"
