@@ -224,8 +224,8 @@ def measure(measurements: list[Measurement], round_s: float = ROUND_S, on_error=
 
     Measurements share the same rounds to the end: one that met its confidence target is kept in the rounds
     while another still runs, up to its own timeout, so each median covers the same stretch of the machine's
-    drift (here a 2.4 ms mobilenet_v2 pass took 7 ms for a few seconds; OpenVINO stopped at its target before
-    that and aio, measured on alone, came out 20% slower than the same engine). A count (`num_runs`) is exact.
+    drift (here OpenVINO stopped at its target after 2 s, and the same engine inside aio, measured on alone for
+    6 s more through a slow spell of the machine, came out 20% slower). A count (`num_runs`) is exact.
     A single measurement simply runs to its end, unless a `probe` (machine/probe.py MachineProbe) is given:
     then every measurement runs in rounds, and after each of its rounds the probe's readings are recorded
     beside the round's pass count (`Measurement.rounds`). A pass that raises ends that measurement only:
