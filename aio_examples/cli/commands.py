@@ -50,6 +50,10 @@ def _precisions(arg: str) -> list[str]:
     return [validate(p) for p in split_items(arg, "-p/--precision")]
 
 
+# A run whose configurations were measured but one of whose processes crashed or hung (its record says so).
+EXIT_CRASHED = 3
+
+
 def do_run(model: str, args) -> int:
     from ..core.processes import die_with_parent
     from ..core.records import check_output_dir
@@ -64,6 +68,10 @@ def do_run(model: str, args) -> int:
     precisions = _precisions(args.precision)
     choice = resolve_threads(args.threads, allow_oversubscribe=args.allow_oversubscribe)
     export_thread_env(choice.threads)          # before torch starts its thread pools
+    backends = _backends(args.backend)
+    from ..drivers.worker import measures_inline
+
+    inline = measures_inline(args, len(backends) * len(precisions))
     from ..models import get_model, is_path
 
     if model is not None and is_path(model):          # a path where a zoo name goes: the file or folder it names
@@ -80,7 +88,7 @@ def do_run(model: str, args) -> int:
         from ..models.files import load_model_file
 
         spec, module, inputs, args.batch_size, shape = load_model_file(args.model_file, args.input_shape,
-                                                                       args.input_dtype)
+                                                                       args.input_dtype, try_inputs=inline)
         own = (module, inputs)
     elif model is None and not args.model_dir:
         raise UsageError("no model given; accepted: a zoo name (aio-examples list), --model-file FILE or "
@@ -96,7 +104,6 @@ def do_run(model: str, args) -> int:
     from ..datasets import resolve
 
     dataset = resolve(spec.task, args.dataset, args.labels, args.num_samples)   # read and checked before building
-    backends = _backends(args.backend)
     if "aio" in backends:
         from ..aio_compile import resolve_options
 
@@ -108,13 +115,28 @@ def do_run(model: str, args) -> int:
     from ..measurement.runner import RunRequest, run
     from ..measurement.timing import StopRule
 
-    req = RunRequest(spec, backends, precisions, args.batch_size, choice, shape,
-                     args.model_file if own else args.weights, args.model_dir,
-                     StopRule(timeout_s=args.timeout, num_runs=args.num_runs), scenario=scenario_of(args),
-                     point_id=args.point_id, probe=args.probe, dataset=dataset, profile=args.profile,
-                     module=own[0] if own else None, example_inputs=own[1] if own else None)
+    def request(backends_, precisions_, scenario=None):
+        return RunRequest(spec, backends_, precisions_, args.batch_size, choice, shape,
+                          args.model_file if own else args.weights, args.model_dir,
+                          StopRule(timeout_s=args.timeout, num_runs=args.num_runs), scenario=scenario,
+                          point_id=args.point_id, probe=args.probe, dataset=dataset, profile=args.profile,
+                          module=own[0] if own else None, example_inputs=own[1] if own else None)
+
     compare = len(backends) > 1 or len(precisions) > 1
-    results = run(req, out_dir, reference=compare)
+    if inline:
+        req = request(backends, precisions, scenario_of(args, spec.task))
+        results = run(req, out_dir, run_id=args.run_id, reference=compare)
+    else:
+        from ..core.records import new_run_id
+        from ..drivers.launcher import Run, configs_of, run_configs
+        from ..drivers.worker import config_argv
+
+        for b in backends:            # each configuration checked alone, as its process will (memory, files)
+            for p in precisions:
+                request([b], [p])
+        configs = configs_of(spec, backends, precisions, args.batch_size, shape, reference=compare)
+        results = run_configs(Run(config_argv(model, args), spec, args.batch_size, choice.threads, shape,
+                                  new_run_id(), args.timeout), configs, out_dir, echo=not args.json)
     if args.json:
         for r in results:
             print(r.to_json())
@@ -131,7 +153,9 @@ def do_run(model: str, args) -> int:
 
             print(table(results))
         print(f"\nrecords appended to {out_dir / 'results.jsonl'}")
-    return 0 if any(r.status in ("ok", "fail_accuracy") for r in results) else 1
+    if not any(r.status in ("ok", "fail_accuracy") for r in results):
+        return 1
+    return EXIT_CRASHED if any(r.status in ("crashed", "timeout") for r in results) else 0
 
 
 def do_list(args) -> int:

@@ -2,10 +2,9 @@
 
 import argparse
 
-from ..core.errors import UsageError
+from ..core.errors import PROG, UsageError
 from ..drivers.worker import add_run_arguments, positive, split_items
 
-PROG = "aio-examples"
 ACCURACY_TOLERANCE_HELP = ("largest fall of a task metric that is not a regression, in points: METRIC=POINTS comma "
                            "list like top_1=0.3,map=1.0, or POINTS for every metric (default 0.5)")
 

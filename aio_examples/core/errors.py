@@ -3,6 +3,7 @@
 import re
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+PROG = "aio-examples"               # the command's name, which starts its one-line errors: "aio-examples: error: ..."
 
 
 class AioError(Exception):

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -30,12 +31,22 @@ class Outcome:
         return self.timed_out or (self.returncode is not None and self.returncode < 0)
 
     @property
+    def signal_name(self) -> str | None:
+        """The signal that killed it (SIGSEGV, SIGILL, SIGKILL: the OOM killer's too), if one did."""
+        if self.returncode is None or self.returncode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.returncode).name
+        except ValueError:
+            return f"signal {-self.returncode}"
+
+    @property
     def reason(self) -> str:
         last = next((line for line in reversed(self.stderr_tail) if line.strip()), "")
         if self.timed_out:
             head = f"timed out after {self.seconds:.0f} s and was killed"
-        elif self.returncode is not None and self.returncode < 0:
-            head = f"killed by {signal.Signals(-self.returncode).name}"
+        elif self.signal_name:
+            head = f"killed by {self.signal_name}"
         else:
             head = f"exit code {self.returncode}"
         return head + (f"; last stderr: {last.strip()[:300]}" if last else "")
@@ -43,17 +54,29 @@ class Outcome:
 
 class Isolated:
     """A `python argv...` child in its own session (so a timeout kills its whole process group), with
-    an optional command prefix (numactl) binding it to cores."""
+    an optional command prefix (numactl) binding it to cores. With `echo`, what the child writes to stderr (its
+    log, its progress bars) is also shown on ours as it comes, as if the work ran here; but lines that begin with
+    `hold` (its one-line error, which the driver says in its own words), which only the file keeps."""
 
     def __init__(self, argv: list[str], env: dict | None = None, cwd=None, prefix: list[str] | None = None,
-                 pass_fds=()):
+                 pass_fds=(), echo: bool = False, hold: bytes | None = None):
         self.start = time.perf_counter()
         env = dict(os.environ if env is None else env)
         env[DRIVER_PID_ENV] = str(os.getpid())      # the child asks to die with us (die_with_parent)
-        self.err = tempfile.TemporaryFile("w+")  # noqa: SIM115  (closed in wait(), after the child ends)
-        self.proc = subprocess.Popen([*(prefix or []), sys.executable, *argv], stdout=subprocess.DEVNULL,
-                                     stderr=self.err, env=env, cwd=cwd, start_new_session=True,
-                                     pass_fds=pass_fds)
+        self.err = tempfile.TemporaryFile("w+b")  # noqa: SIM115  (closed in wait(), after the child ends)
+        self._echo = None
+        if echo:
+            read_end, write_end = os.pipe()
+            self._echo = threading.Thread(target=_tee, args=(read_end, self.err, hold), daemon=True)
+        try:
+            self.proc = subprocess.Popen([*(prefix or []), sys.executable, *argv], stdout=subprocess.DEVNULL,
+                                         stderr=write_end if echo else self.err, env=env, cwd=cwd,
+                                         start_new_session=True, pass_fds=pass_fds)
+        finally:
+            if echo:
+                os.close(write_end)             # the child's end: EOF reaches the reader when the child ends
+        if self._echo is not None:
+            self._echo.start()
 
     def kill(self) -> None:
         try:
@@ -74,11 +97,32 @@ class Isolated:
             self.kill()
             self.err.close()
             raise
+        if self._echo is not None:
+            self._echo.join(timeout=5)          # what the child wrote last is in the file before it is read
         self.err.seek(0)
-        tail = self.err.read().splitlines()[-STDERR_TAIL_LINES:]
+        tail = self.err.read().decode(errors="replace").splitlines()[-STDERR_TAIL_LINES:]
         self.err.close()
         return Outcome(None if timed_out else self.proc.returncode, time.perf_counter() - self.start, timed_out,
                        tail)
+
+
+def _tee(fd: int, keep, hold: bytes | None) -> None:
+    """Copy a child's stderr to ours and to `keep` until it closes (raw bytes: progress bars redraw in place);
+    lines that begin with `hold` go to `keep` only."""
+    out = getattr(sys.stderr, "buffer", None)
+    with os.fdopen(fd, "rb", buffering=0) as pipe:
+        while chunk := pipe.read(65536):
+            try:
+                keep.write(chunk)
+                if hold:
+                    chunk = b"".join(line for line in chunk.splitlines(keepends=True) if not line.startswith(hold))
+                if out is not None:
+                    out.write(chunk)
+                    out.flush()
+                else:                           # a notebook's stderr takes text
+                    sys.stderr.write(chunk.decode(errors="replace"))
+            except (OSError, ValueError):       # closed (the child was killed and waited for): drain the pipe
+                pass
 
 
 def run_isolated(argv: list[str], timeout_s: float, env: dict | None = None, cwd=None,

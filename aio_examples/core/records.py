@@ -20,8 +20,9 @@ from typing import NamedTuple
 
 from .errors import AioError, UsageError
 
-SCHEMA_VERSION = "1.7"
-STATUSES = ("ok", "fail_accuracy", "unsupported", "failed", "timeout")
+SCHEMA_VERSION = "1.8"
+# `crashed`: the configuration's process died (a signal: a segfault, an illegal instruction, the OOM killer), see `crash`
+STATUSES = ("ok", "fail_accuracy", "unsupported", "failed", "timeout", "crashed")
 REQUIRED = ("model", "backend", "precision", "batch_size", "threads", "status")
 # The scenario of records before schema 1.6: interleaved latency rounds ("key" is what identifies it).
 DEFAULT_SCENARIO = {"name": "latency", "key": "latency"}
@@ -130,6 +131,7 @@ class Result:
     scenario: dict = field(default_factory=lambda: dict(DEFAULT_SCENARIO))  # how it was driven (scenarios/)
     dataset: str = "synthetic"                       # where its inputs came from (datasets/)
     accuracy: dict | None = None                     # task metrics on a labelled dataset (docs/datasets.md)
+    crash: dict | None = None       # how its process died: signal, exit code, phase, the last lines of its stderr
     env: dict = field(default_factory=dict)
     run_id: str = field(default_factory=new_run_id)
     timestamp: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
@@ -421,6 +423,9 @@ def end_offset(out_dir) -> int:
     return path.stat().st_size if path.exists() else 0
 
 
+CRASH_LINES_SHOWN = 5     # of a crashed configuration's stderr, under the table (the record keeps more)
+
+
 def format_table(results: list[Result]) -> str:
     """A readable comparison table of results."""
     import pandas as pd
@@ -441,6 +446,8 @@ def format_table(results: list[Result]) -> str:
         })
     table = pd.DataFrame(rows).to_string(index=False)
     notes = [f"  {r.backend}/{r.precision}: {r.status}: {r.reason}" for r in results if r.reason]
+    notes += [f"  {r.backend}/{r.precision}: stderr: {line}" for r in results if r.crash
+              for line in (r.crash.get("stderr_tail") or [])[-CRASH_LINES_SHOWN:]]
     notes += [f"  {r.backend}/{r.precision}: warning: {w}" for r in results for w in r.warnings]
     return table + ("\n" + "\n".join(notes) if notes else "")
 

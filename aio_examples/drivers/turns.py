@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
-from ..measurement.scenarios.turns import DONE, GO, INTERRUPT, READY, STOP
+from ..measurement.scenarios.turns import DONE, GO, INTERRUPT, READY, ROUND, STOP
 
 
 @dataclass
@@ -29,17 +29,20 @@ class Taker:
     turns_left: int
     context: object = None           # whatever the sweep needs to make the point's record
     alive: bool = True
+    state: dict | None = None        # what a run's configuration said of its measurement after its last round
 
     @classmethod
-    def spawn(cls, argv: list[str], env: dict, prefix: list[str], turns: int, context=None) -> "Taker":
-        """Start `python argv... --turns R,W` with the two pipe ends it reads and writes inherited."""
+    def spawn(cls, argv: list[str], env: dict | None, prefix: list[str] | None, turns: int, context=None,
+              echo: bool = False, flag: str = "--turns", hold: bytes | None = None) -> "Taker":
+        """Start `python argv... --turns R,W` (a run's configuration: `--rounds R,W`) with the two pipe ends it
+        reads and writes inherited."""
         from ..core.processes import Isolated
 
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         try:
-            proc = Isolated([*argv, "--turns", f"{to_child_r},{from_child_w}"], env=env, prefix=prefix,
-                            pass_fds=(to_child_r, from_child_w))
+            proc = Isolated([*argv, flag, f"{to_child_r},{from_child_w}"], env=env, prefix=prefix,
+                            pass_fds=(to_child_r, from_child_w), echo=echo, hold=hold)
         except BaseException:
             os.close(to_child_w)
             os.close(from_child_r)
@@ -53,8 +56,12 @@ class Taker:
     def _expect(self, what: str, timeout_s: float) -> bool:
         """Wait for `what` from the child; False if it ended or said nothing in time."""
         try:
-            if self.from_child.poll(timeout_s) and self.from_child.recv() == what:
-                return True
+            if self.from_child.poll(timeout_s):
+                said = self.from_child.recv()
+                if isinstance(said, tuple) and said[0] == what:      # a run's configuration says its state too
+                    said, self.state = what, said[1]
+                if said == what:
+                    return True
         except (EOFError, OSError):
             pass
         self.alive = False
@@ -73,22 +80,23 @@ class Taker:
     def wait_ready(self, timeout_s: float) -> bool:
         return self._expect(READY, timeout_s)
 
-    def turn(self, timeout_s: float) -> bool:
-        """One round of passes; False when the process did not answer in time (it crashed or hung)."""
+    def turn(self, timeout_s: float, seconds: float | None = None, keep: bool = False) -> bool:
+        """One round of passes (a sweep's; with `seconds`, a run's: under the configuration's stop rule, or past
+        it when `keep`); False when the process did not answer in time (it crashed or hung)."""
         self.turns_left -= 1
         try:
-            self.to_child.send(GO)
+            self.to_child.send(GO if seconds is None else (ROUND, seconds, keep))
         except OSError:
             self.alive = False
             return False
         return self._expect(DONE, timeout_s)
 
-    def stop(self, timeout_s: float, interrupted: bool = False):
-        """Say stop, or interrupt when the sweep was stopped early (a process that measured writes its record,
-        saying which, and exits) and wait: its Outcome. One that crashed or hung mid-turn is killed by the
-        wait's timeout at the latest."""
+    def stop(self, timeout_s: float, interrupted: bool = False, told: dict | None = None):
+        """Say stop (with what a run's configuration is `told`: turns.py), or interrupt when the sweep was
+        stopped early (a process that measured writes its record, saying which, and exits) and wait: its
+        Outcome. One that crashed or hung mid-turn is killed by the wait's timeout at the latest."""
         try:
-            self.to_child.send(INTERRUPT if interrupted else STOP)
+            self.to_child.send(INTERRUPT if interrupted else (STOP, told) if told else STOP)
         except OSError:
             pass
         try:

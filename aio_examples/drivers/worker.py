@@ -90,6 +90,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="after the timed passes, profile a few more: time per op category and the top ops per "
                         "configuration, a Chrome trace under OUTPUT/profiles (timings unchanged)")
     p.add_argument("--json", action="store_true", help="print the records as JSON lines instead of a table")
+    p.add_argument("--launcher", choices=("process", "inline"), default="process",
+                   help="process (default): each configuration is prepared and measured in a process of its own, "
+                        "so a crash, a hang or the memory of one costs only its own record; inline: all in this "
+                        "process (for debuggers and profilers)")
     # Set by the drivers (sweep, throughput) for the processes they start: see run_argv.
     p.add_argument("--point-id", default=None, help=argparse.SUPPRESS)
     p.add_argument("--instance", default=None, help=argparse.SUPPRESS)
@@ -97,6 +101,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--turns", default=None, help=argparse.SUPPRESS)     # READ_FD,WRITE_FD from a sweep (drivers/turns.py)
     p.add_argument("--group", default=None, help=argparse.SUPPRESS)
     p.add_argument("--serve", default=None, help=argparse.SUPPRESS)     # a LoadGen driver's socket (drivers/loadgen.py)
+    p.add_argument("--run-id", default=None, help=argparse.SUPPRESS)    # a run's configurations share it (drivers/launcher.py)
+    p.add_argument("--rounds", default=None, help=argparse.SUPPRESS)    # READ_FD,WRITE_FD from a run (drivers/launcher.py)
 
 
 def machine_cpus() -> int:
@@ -122,7 +128,7 @@ def run_argv(model: str, shape: dict, command: str = "run", **options) -> list[s
     """Arguments of `python -m aio_examples run MODEL ...` (or another `command` of a model: `loadgen`) for
     one point: shape overrides and options become long flags (`batch_size=8` -> `--batch-size 8`,
     `json=True` -> `--json`; None is left out)."""
-    argv = ["-m", "aio_examples", command, model]
+    argv = ["-m", "aio_examples", command, *([model] if model is not None else [])]
     for name, value in [*shape.items(), *options.items()]:
         if value is None or value is False:
             continue
@@ -132,6 +138,29 @@ def run_argv(model: str, shape: dict, command: str = "run", **options) -> list[s
         else:
             argv += [flag] if value is True else [flag, str(value)]
     return argv
+
+
+# The flags of `run` that a run passes on to the process of each of its configurations (drivers/launcher.py).
+FORWARDED = ("batch_size", "threads", "timeout", "num_runs", "input_size", "seq_len", "new_tokens", "config_override",
+             "weights", "model_file", "input_shape", "input_dtype", "model_dir", "dataset", "labels", "num_samples",
+             "allow_oversubscribe", "probe", "profile", "point_id")
+
+
+def config_argv(model: str | None, args: argparse.Namespace) -> list[str]:
+    """The worker argv of one configuration of the run `args` asks for, without its backend, precision and
+    output (drivers/launcher.py adds them): the same model, shape, inputs and stop rule, measured inline."""
+    return run_argv(model, {}, **{k: getattr(args, k, None) for k in FORWARDED}, launcher="inline")
+
+
+def measures_inline(args: argparse.Namespace, configurations: int) -> bool:
+    """Whether this process measures its configurations itself instead of a process for each: asked to
+    (`--launcher inline`), or it is already the process of what a driver handed it (a sweep point or a matrix
+    cell of one configuration, a configuration taking turns, an instance, a LoadGen server)."""
+    from ..core.processes import DRIVER_PID_ENV
+
+    driven = any(getattr(args, k, None) is not None for k in ("turns", "rounds", "instance", "serve"))
+    by_driver = os.environ.get(DRIVER_PID_ENV) == str(os.getppid()) and configurations == 1
+    return driven or by_driver or getattr(args, "launcher", "process") == "inline"
 
 
 def parse_run_argv(argv: list[str]) -> tuple[str, argparse.Namespace]:
@@ -163,15 +192,41 @@ def scenario_of(args: argparse.Namespace, task: str | None = None):
         return WindowScenario(InstanceSync.parse(args.instance, args.barrier or ".", args.group or ""))
     if args.turns is not None:
         return TurnsScenario(Turns(args.turns))
+    if getattr(args, "rounds", None) is not None:       # one configuration of a run: its task's scenario
+        from ..measurement.scenarios import GenerationScenario, LatencyScenario
+        from ..models import is_generator
+
+        inner = GenerationScenario() if task is not None and is_generator(task) else LatencyScenario()
+        return TurnsScenario(Turns(args.rounds), inner=inner)
     return None         # the runner's default: by the model's task (generation or latency)
+
+
+def failure_of(outcome, phase: str | None = None) -> tuple[str, str, dict | None]:
+    """(status, reason, crash) of a process that ended without writing its record (core/processes.Outcome):
+    `crashed` when a signal killed it (a segfault, an illegal instruction, the OOM killer), `timeout` when it
+    hung past its time, `unsupported` when it refused the configuration up front (exit 2, a usage error such as
+    too little memory), else `failed`. `phase`: what it was doing then (preparing, measuring, writing)."""
+    if outcome.timed_out:
+        status = "timeout"
+    elif outcome.signal_name:
+        status = "crashed"
+    else:
+        status = "unsupported" if outcome.returncode == 2 else "failed"
+    crash = None
+    if status in ("crashed", "timeout"):
+        crash = {"signal": outcome.signal_name or ("SIGKILL" if outcome.timed_out else None),
+                 "returncode": outcome.returncode, "phase": phase, "seconds": round(outcome.seconds, 1),
+                 "stderr_tail": outcome.stderr_tail}
+    reason = outcome.reason if phase is None else f"{phase}: {outcome.reason}"
+    return status, reason, crash
 
 
 def record_failure(out, spec, backend: str, precision: str, batch_size: int, threads: int, shape: dict,
                    status: str, reason: str, binding=None, point_id: str | None = None,
-                   allocator: str = "default") -> res.Result:
+                   allocator: str = "default", crash: dict | None = None, run_id: str | None = None) -> res.Result:
     """Append the record of a point whose process crashed, hung or never started (its own record never came)."""
     r = res.Result.for_config(spec, backend, precision, batch_size, threads, shape, status=status, reason=reason,
-                              point_id=point_id)
+                              point_id=point_id, crash=crash, **({"run_id": run_id} if run_id else {}))
     if binding is not None:
         r.binding = {"method": binding.method, "cores": list(binding.cores),
                      "membind": list(binding.membind) if binding.membind else None}

@@ -192,7 +192,7 @@ def _run(req: RunRequest, out_dir: Path | None, run_id: str | None, reference: b
             _profile(cand, out_dir)
     if reference is not None and not serving:
         interrupted = interrupted or _accuracy(active, req, module, reference, out_dir, blank.run_id)
-    _speedups(candidates)
+    _speedups(candidates, getattr(req.scenario, "reference_ms", None))
     if out_dir is not None:
         _append_all(out_dir, [c.result for c in candidates])
     if interrupted:
@@ -489,11 +489,14 @@ def res_summary(values_ns) -> dict:
     return {"median": s.median, "p90": s.p90, "mean": s.mean, "n": s.n}
 
 
-def _speedups(candidates: list[_Candidate]) -> None:
+def _speedups(candidates: list[_Candidate], reference_ms: float | None = None) -> None:
+    """Each ok record's speedup over eager fp32 of the same run: measured here, or in another process of the
+    run (`reference_ms`, when each configuration has a process of its own)."""
     ref = next((c.result for c in candidates if c.backend == "eager" and c.precision == "fp32"
                 and c.result.status == "ok"), None)
-    if ref is None:
+    reference_ms = ref.median_ms if ref is not None else reference_ms
+    if not reference_ms:
         return
     for c in candidates:
         if c.result.status == "ok":
-            c.result.speedup_vs_eager_fp32 = ref.median_ms / c.result.median_ms
+            c.result.speedup_vs_eager_fp32 = reference_ms / c.result.median_ms

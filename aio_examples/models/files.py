@@ -1,6 +1,6 @@
 """A user's own model file, benchmarked like a zoo entry: a saved `torch.export` program (`.pt2`), a
-TorchScript module (`.pt`) or an ONNX model (`.onnx`). The record is named after the file, and its digest is
-recorded with it."""
+TorchScript module or a whole module saved with `torch.save` (`.pt`), or an ONNX model (`.onnx`). The record is
+named after the file, and its digest is recorded with it."""
 
 import zipfile
 from pathlib import Path
@@ -11,8 +11,8 @@ from ..core.errors import UsageError, short_error
 from .base import file_sha256
 from .custom import CustomModel
 
-FORMATS = {".pt2": "a saved torch.export program (torch.export.save)", ".pt": "a TorchScript module (torch.jit.save)",
-           ".onnx": "an ONNX model"}
+FORMATS = {".pt2": "a saved torch.export program (torch.export.save)",
+           ".pt": "a TorchScript module (torch.jit.save) or a whole nn.Module (torch.save)", ".onnx": "an ONNX model"}
 # An ONNX file is a graph for the runtimes, not a torch module: the torch backends cannot take it
 ONNX_ONLY = ("an ONNX file runs on ONNX Runtime and OpenVINO (and aio's choice between them); the torch "
              "backends take a torch model (--model-file .pt2 or .pt)")
@@ -50,8 +50,11 @@ def file_spec(path: str) -> CustomModel:
     return CustomModel(file.stem, "custom", "samples", {})
 
 
-def load_model_file(path: str, input_shape: str | None, input_dtype: str | None):
-    """(spec, module, example inputs, batch size, recorded shape) of a model file; one line when it cannot."""
+def load_model_file(path: str, input_shape: str | None, input_dtype: str | None, try_inputs: bool = True):
+    """(spec, module, example inputs, batch size, recorded shape) of a model file; one line when it cannot.
+    With `try_inputs` the module runs once on the inputs, so inputs it refuses are a usage error here (a run that
+    measures each configuration in a process of its own leaves that to the processes: a module that crashes
+    must crash there, not here)."""
     file = Path(path)
     if file.suffix not in FORMATS:
         raise UsageError(f"--model-file {path!r} has no known suffix; accepted: "
@@ -75,7 +78,7 @@ def load_model_file(path: str, input_shape: str | None, input_dtype: str | None)
             program = torch.export.load(str(file))
             module, saved = _Exported(program.module()), program.example_inputs
         else:
-            module = torch.jit.load(str(file), map_location="cpu")
+            module = _load_pt(file)
     except Exception as exc:  # noqa: BLE001  (a file of another format than its suffix says)
         raise UsageError(f"--model-file {path!r} is not {FORMATS[file.suffix]} ({short_error(exc, 160)})") from None
     shapes = parse_shapes(input_shape)
@@ -88,14 +91,31 @@ def load_model_file(path: str, input_shape: str | None, input_dtype: str | None)
         raise UsageError(f"--model-file {path!r} does not say its input shapes; accepted: --input-shape "
                          "NAME=DxDx... (and --input-dtype)")
     try:
-        with torch.no_grad():
-            module(*inputs)
+        if try_inputs:
+            with torch.no_grad():
+                module(*inputs)
     except Exception as exc:  # noqa: BLE001  (the model's own message, shortened)
         raise UsageError(f"{file.name} refuses inputs of shapes {[list(t.shape) for t in inputs]}: "
                          f"{short_error(exc, 200)}") from None
     batch = int(inputs[0].shape[0]) if inputs[0].dim() > 0 else 1
     recorded = {f"input{i}": list(t.shape) for i, t in enumerate(inputs)}
     return spec, module, inputs, batch, recorded
+
+
+def _load_pt(file: Path):
+    """A TorchScript module, else a whole module pickled by torch.save (its class must be importable here, as
+    for torch.load anywhere; loading runs the pickle's code: a file of your own only)."""
+    try:
+        return torch.jit.load(str(file), map_location="cpu")
+    except RuntimeError as scripted:
+        try:
+            module = torch.load(str(file), map_location="cpu", weights_only=False)
+        except Exception:  # noqa: BLE001  (neither format: TorchScript's complaint is the clearer one)
+            raise scripted from None
+    if not isinstance(module, torch.nn.Module):
+        raise UsageError(f"--model-file {str(file)!r} holds a {type(module).__name__}, not a module; accepted: "
+                         f"{FORMATS['.pt']} (a state dict needs its model: --weights with a zoo name)")
+    return module
 
 
 class OnnxFile(torch.nn.Module):
