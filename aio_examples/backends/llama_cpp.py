@@ -1,5 +1,8 @@
 """llama.cpp (llama-cpp-python, CPU): its own generation loop over a GGUF file written from the weights the harness
-built (backends/gguf.py), memory-mapped, with `n_threads` and `n_threads_batch` set to the run's threads."""
+built (backends/gguf.py), memory-mapped, with `n_threads` and `n_threads_batch` set to the run's threads.
+
+Q8_0, Q4_0 and F16 weights load with ggml's extra buffer types (AMX, repacked weights) unless a probe found
+they crash on this CPU (backends/llama_cpp_probe.py); a tensor type that crashes without them as well is refused."""
 
 import os
 import time
@@ -7,6 +10,7 @@ import time
 from ..core.errors import UnsupportedError
 from .base import Prepared
 from .gguf import TENSOR_TYPES, gguf_file
+from .llama_cpp_probe import decision, load
 from .llm_engines import Engine, EngineBackend, llama_only, one_sequence
 
 # What llama.cpp computes with each GGUF tensor type: ggml quantizes the activations to 8-bit blocks for its
@@ -25,22 +29,24 @@ class LlamaCppBackend(EngineBackend):
     precisions_why = "GGUF has a tensor type for fp32, bf16, fp16, int8 (Q8_0) and int4 (Q4_0)"
 
     def prepare(self, model, example_inputs, precision, threads, ctx):
-        from llama_cpp import Llama
-
         llama_only(model)
         one_sequence(example_inputs, self.name)
         self.refuse_precision(precision)
+        # before anything loads here: a crash in llama.cpp's kernels would end this process
+        decided = decision(TENSOR_TYPES[precision])
+        if decided.unsupported:
+            raise UnsupportedError(decided.reason)
         path, info = gguf_file(model, precision, ctx.model_name, ctx.weights_id)
         seq_len, new_tokens = example_inputs[-1].shape[1], ctx.shape["new_tokens"]
         start = time.perf_counter()
         try:
-            llm = Llama(model_path=str(path), n_ctx=seq_len + new_tokens, n_batch=max(seq_len, 8),
-                        n_ubatch=max(seq_len, 8), n_threads=threads, n_threads_batch=threads, use_mmap=True,
-                        logits_all=False, verbose=False)
+            llm = load(path, decided.extra_buffer_types, n_ctx=seq_len + new_tokens, n_batch=max(seq_len, 8),
+                       n_ubatch=max(seq_len, 8), n_threads=threads, n_threads_batch=threads, use_mmap=True,
+                       logits_all=False, verbose=False)
         except ValueError as exc:            # llama-cpp-python's "Failed to load model from file"
             raise UnsupportedError(f"llama.cpp could not load the GGUF file: {exc}") from None
         info.update(load_s=round(time.perf_counter() - start, 2), n_threads=threads, n_threads_batch=threads,
-                    n_ctx=seq_len + new_tokens, kv_cache=KV_CACHE_TYPE, mmap=True)
+                    n_ctx=seq_len + new_tokens, kv_cache=KV_CACHE_TYPE, mmap=True, **decided.info())
         config = model.model.config
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         kv = 2 * config.num_hidden_layers * (seq_len + new_tokens) * config.num_key_value_heads * head_dim * 2
