@@ -1,15 +1,19 @@
 """The Python API notebooks and users call: `benchmark(...)`."""
 
+import argparse
 import os
+import tempfile
 
 from .core.errors import UsageError
-from .core.records import Result, check_output_dir
+from .core.records import Result, check_output_dir, new_run_id
 from .machine.threads import resolve_threads
 from .measurement.runner import RunRequest, run
 from .measurement.timing import StopRule
 from .models import get_model, is_path
-from .models.custom import custom_spec
+from .models.custom import custom_spec, save_module
 from .models.files import load_model_file
+
+LAUNCHERS = ("process", "inline")
 
 
 def benchmark(model, *, precision: str = "fp32", backend: str = "eager", batch_size: int = 1,
@@ -18,7 +22,7 @@ def benchmark(model, *, precision: str = "fp32", backend: str = "eager", batch_s
               model_dir: str | None = None, timeout: float = 60.0, num_runs: int | None = None,
               output=None, allow_oversubscribe: bool = False, profile: bool = False,
               config: list[str] | None = None, input_shape: str | None = None,
-              input_dtype: str | None = None) -> Result:
+              input_dtype: str | None = None, launcher: str = "process") -> Result:
     """Measure a zoo model (by name), your own model file or Hugging Face folder (by path: `.pt2`, `.pt` and
     `.onnx` with `input_shape`/`input_dtype` where the file does not say them, docs/models.md) or your own
     `torch.nn.Module` (with `example_inputs`) on one backend.
@@ -27,14 +31,23 @@ def benchmark(model, *, precision: str = "fp32", backend: str = "eager", batch_s
     also appended to `<output>/results.jsonl`. With `profile`, a few profiled passes follow the timed ones:
     `result.metrics["profile"]` (docs/profiling.md). `config`: `KEY=VALUE` overrides of a transformers model's
     architecture, as `--config-override` (`["num_hidden_layers=2"]`); they are part of the record's input shape.
+    `launcher`: "process" (default) prepares and measures in a process of its own, so an engine that crashes
+    gives a `crashed` record instead of killing the caller (a notebook's kernel), and the memory it used is
+    given back when the call returns; "inline" runs in the caller's process (a debugger, a profiler).
     """
+    if launcher not in LAUNCHERS:
+        raise UsageError(f"launcher {launcher!r} is invalid; accepted: {', '.join(LAUNCHERS)}")
     choice = resolve_threads(threads, allow_oversubscribe=allow_oversubscribe)
     rule = StopRule(timeout_s=timeout, num_runs=num_runs)
     out_dir = check_output_dir(output) if output is not None else None
+    inline = launcher == "inline"
+    flags = {"precision": precision, "backend": backend, "timeout": timeout, "num_runs": num_runs, "threads": threads,
+             "allow_oversubscribe": allow_oversubscribe, "profile": profile}
     if isinstance(model, str) and is_path(model) and not os.path.isdir(model):
-        spec, module, inputs, batch, shapes = load_model_file(model, input_shape, input_dtype)
+        spec, module, inputs, batch, shapes = load_model_file(model, input_shape, input_dtype, try_inputs=inline)
         req = RunRequest(spec, [backend], precision, batch, choice, shapes, model, rule=rule, module=module,
                          example_inputs=inputs, profile=profile)
+        flags.update(model_file=model, input_shape=input_shape, input_dtype=input_dtype)
     elif isinstance(model, str):
         if is_path(model):              # a Hugging Face folder
             model_dir = model
@@ -42,6 +55,8 @@ def benchmark(model, *, precision: str = "fp32", backend: str = "eager", batch_s
         shape = spec.shape(input_size=input_size, seq_len=seq_len, new_tokens=new_tokens)
         req = RunRequest(spec, [backend], precision, batch_size, choice, shape, weights, model_dir, rule,
                          profile=profile)
+        flags.update(batch_size=batch_size, input_size=input_size, seq_len=seq_len, new_tokens=new_tokens,
+                     weights=weights, model_dir=model_dir, config_override=config)
     else:
         if config:
             raise UsageError(f"config={config!r} applies to a zoo model by name; accepted: none for a built module")
@@ -51,4 +66,22 @@ def benchmark(model, *, precision: str = "fp32", backend: str = "eager", batch_s
         spec, batch, shapes = custom_spec(model, inputs)
         req = RunRequest(spec, [backend], precision, batch, choice, shapes, rule=rule, module=model,
                          example_inputs=inputs, profile=profile)
-    return run(req, out_dir)[0]
+    if inline:
+        return run(req, out_dir)[0]
+    return _in_own_process(req, model, flags, out_dir)
+
+
+def _in_own_process(req: RunRequest, model, flags: dict, out_dir) -> Result:
+    """The configuration of `req` prepared and measured by `aio-examples run` in a process of its own."""
+    from .drivers.launcher import Config, Run, run_configs
+    from .drivers.worker import config_argv
+
+    with tempfile.TemporaryDirectory(prefix="aio-benchmark-") as scratch:
+        name = model if isinstance(model, str) and not is_path(model) else None
+        if req.module is not None and not flags.get("model_file"):        # a module built here
+            flags["saved_module"] = os.path.join(scratch, "module.pt")
+            save_module(req.module, req.example_inputs, flags["saved_module"])
+        args = argparse.Namespace(**flags)
+        [result] = run_configs(Run(config_argv(name, args), req.spec, req.batch_size, req.threads.threads, req.shape, new_run_id(),
+                                   req.rule.timeout_s), [Config(flags["backend"], flags["precision"])], out_dir)
+    return result

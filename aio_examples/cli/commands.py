@@ -81,7 +81,12 @@ def do_run(model: str, args) -> int:
         setattr(args, flag[2:].replace("-", "_"), model)
         model = None
     own = None            # a user's model file: (module, example inputs)
-    if getattr(args, "model_file", None):
+    if getattr(args, "saved_module", None):        # benchmark(module) measuring it in a process of its own
+        from ..models.custom import custom_spec, load_module
+
+        own = load_module(args.saved_module)
+        spec, args.batch_size, shape = custom_spec(*own)
+    elif getattr(args, "model_file", None):
         if model is not None:
             raise UsageError(f"--model-file names the model itself; accepted: a zoo name ({model!r}) or "
                              "--model-file, not both")
@@ -271,7 +276,8 @@ def do_sweep(args) -> int:
                  "timeout": args.timeout, "point_timeout": args.point_timeout, "output": args.output,
                  "shape": shape or None, "seq_lens": args.seq_lens, "new_tokens": args.new_tokens,
                  "config_overrides": args.config_override, "repeats": args.repeats, "probe": args.probe or None,
-                 "interleave": args.interleave, "num_samples": args.num_samples}
+                 "interleave": args.interleave, "num_samples": args.num_samples, "input_shape": args.input_shape,
+                 "input_dtype": args.input_dtype}
     if args.config:
         cfg = SweepConfig.from_toml(args.config, overrides)
     else:

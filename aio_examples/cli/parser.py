@@ -62,6 +62,9 @@ def _add_drivers(sub) -> None:
                     help="comma list of sequence (prompt) lengths, each a point of its own (models with one)")
     sw.add_argument("--new-tokens", type=ints("--new-tokens"), default=None,
                     help="comma list of tokens to generate, each a point of its own (text generators)")
+    sw.add_argument("--input-shape", default=None,
+                    help="your own model files' input shapes, NAME=DxDx...,... (as run --input-shape)")
+    sw.add_argument("--input-dtype", default=None, help="your own model files' input dtypes (as run --input-dtype)")
     sw.add_argument("--config-override", action="append", default=None, metavar="KEY=VALUE",
                     help="change the architecture's config of every point (repeatable; see run --config-override)")
     sw.add_argument("--timeout", type=positive("--timeout", float, "seconds > 0"), default=None,

@@ -113,12 +113,12 @@ def run_configs(run: Run, configs: list[Config], out_dir: Path | None, echo: boo
                         "; ".join(", ".join(c.label for c in g) for g in parts))
         reference_ms = None
         for number, group in enumerate(parts, 1):
-            reference_ms = _run_group(run, group, out, (number, len(parts)), reference_ms, echo)
+            reference_ms = _run_group(run, group, out, start, (number, len(parts)), reference_ms, echo)
         mine = {(r.backend, r.precision): r for r in res.records_in(out, start) if r.run_id == run.run_id}
     return [mine[(c.backend, c.precision)] for c in configs if (c.backend, c.precision) in mine]
 
 
-def _run_group(run: Run, group: list[Config], out: Path, place: tuple, reference_ms: float | None,
+def _run_group(run: Run, group: list[Config], out: Path, since: int, place: tuple, reference_ms: float | None,
                echo: bool) -> float | None:
     """Start the group's processes one at a time, hand out rounds until every one is done, stop them (eager fp32
     first, so the others learn its median): the eager fp32 median, if this group measured it."""
@@ -134,7 +134,7 @@ def _run_group(run: Run, group: list[Config], out: Path, place: tuple, reference
                 if taker.wait_ready(PREPARE_TIMEOUT_S):
                     takers.append(taker)
                 else:                # it ended (a refusal, a failure: its record says why) or crashed preparing
-                    _finish(run, taker, out, "preparing", {})
+                    _finish(run, taker, out, since, "preparing", {})
             _rounds(takers, run.timeout_s)
             shared = {"processes": "one per configuration", "with": [t.context.label for t in takers],
                       **({"group": list(place)} if place[1] > 1 else {})}
@@ -142,13 +142,13 @@ def _run_group(run: Run, group: list[Config], out: Path, place: tuple, reference
             while takers:
                 taker = takers.pop(0)
                 told = {"rounds": shared, **({"reference_ms": reference_ms} if reference_ms else {})}
-                record = _finish(run, taker, out, "measuring" if taker.alive else "measuring (no answer)", told)
+                record = _finish(run, taker, out, since, "measuring" if taker.alive else "measuring (no answer)", told)
                 if (taker.context.backend, taker.context.precision) == ("eager", "fp32") and record is not None \
                         and record.status == "ok":
                     reference_ms = record.median_ms
     finally:
         for taker in takers:         # interrupted: whoever measured writes what it has, saying so
-            _finish(run, taker, out, "measuring", {}, interrupted=True)
+            _finish(run, taker, out, since, "measuring", {}, interrupted=True)
     return reference_ms
 
 
@@ -171,16 +171,15 @@ def _rounds(takers: list[Taker], timeout_s: float) -> None:
         shuffle(order)
 
 
-def _finish(run: Run, taker: Taker, out: Path, phase: str, told: dict, interrupted: bool = False):
-    """Stop a configuration's process and wait for its record; one that died without writing it gets one saying
-    how (crashed, timeout): that record, or None."""
+def _finish(run: Run, taker: Taker, out: Path, since: int, phase: str, told: dict, interrupted: bool = False):
+    """Stop a configuration's process and wait for its record (in what the run appended to `out` after offset
+    `since`); one that died without writing it gets one saying how (crashed, timeout): that record, or None."""
     config = taker.context
-    start = res.end_offset(out)
     if interrupted:      # mid-round it reads no pipe: Ctrl-C reaches it as it would a run of its own
         with contextlib.suppress(ProcessLookupError):
             os.killpg(taker.proc.proc.pid, signal.SIGINT)
     outcome = taker.stop(STOP_TIMEOUT_S, interrupted=interrupted, told=told)
-    written = [r for r in res.records_in(out, start)
+    written = [r for r in res.records_in(out, since)
                if r.run_id == run.run_id and (r.backend, r.precision) == (config.backend, config.precision)]
     if written:
         return written[-1]

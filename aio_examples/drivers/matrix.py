@@ -12,11 +12,12 @@ from pathlib import Path
 from ..core import records as res
 from ..core.log import logger
 from ..core.processes import run_isolated
-from .worker import record_failure, run_argv
+from .worker import failure_of, record_failure, run_argv
 
 README_START = "<!-- support-matrix:start (aio-examples matrix --readme docs/backends.md) -->"
 README_END = "<!-- support-matrix:end -->"
-MARKS = {"ok": "ok", "fail_accuracy": "FAIL acc", "unsupported": "n/a", "failed": "failed", "timeout": "timeout"}
+MARKS = {"ok": "ok", "fail_accuracy": "FAIL acc", "unsupported": "n/a", "failed": "failed", "timeout": "timeout",
+         "crashed": "crashed"}
 
 
 def _cells(out_dir: Path) -> dict:
@@ -56,9 +57,8 @@ def run_matrix(models, backends, precisions, out_dir: Path, threads: int | None,
 
 
 def _record_crash(out_dir, spec, backend, precision, threads, outcome) -> None:
-    status = "timeout" if outcome.timed_out else "failed" if outcome.crashed or outcome.returncode != 2 else \
-        "unsupported"           # exit 2: the run refused it up front, saying why (e.g. memory)
-    record_failure(out_dir, spec, backend, precision, 1, threads or 0, spec.smoke_shape(), status, outcome.reason)
+    status, reason, crash = failure_of(outcome)      # exit 2: the run refused it up front, saying why (memory)
+    record_failure(out_dir, spec, backend, precision, 1, threads or 0, spec.smoke_shape(), status, reason, crash=crash)
 
 
 def previous_cells(readme_text: str) -> dict:

@@ -34,7 +34,7 @@ from ..machine.environment import capture
 from ..machine.topology import numa_cpus_from_env, read_topology
 from ..measurement.timing import ORDER_SEED, ROUND_GAP_S, ROUND_S
 from .turns import Taker
-from .worker import child_env, machine_cpus, record_failure, run_argv
+from .worker import child_env, failure_of, machine_cpus, record_failure, run_argv
 
 SHAPE_KEYS = ("input_size", "seq_len", "new_tokens")
 # Shape axes: a list of values, each a point of its own, for the models whose shape has that dimension
@@ -148,6 +148,8 @@ class SweepConfig:
     seq_lens: list[int] | None = None         # each a point of its own (models with a sequence length)
     new_tokens: list[int] | None = None       # each a point of its own (text generators)
     config_overrides: list[str] = field(default_factory=list)   # "KEY=VALUE", passed to every point
+    input_shape: str | None = None            # your own model files' input shapes and dtypes (run --input-shape)
+    input_dtype: str | None = None
     timeout: float = 20.0                     # measured seconds per point
     point_timeout: float = 900.0              # seconds before a point's process is killed
     output: str = "results/sweep"
@@ -215,6 +217,7 @@ class SweepConfig:
             if k not in SHAPE_KEYS or not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise UsageError(f"shape {k}={v!r} is invalid; accepted: {', '.join(SHAPE_KEYS)} = whole numbers")
         self._check_shapes()
+        self._check_file_inputs()
         self._check_datasets()
         if self.serving:
             from .loadgen import check_serving
@@ -259,6 +262,25 @@ class SweepConfig:
             if values is not None and key in spec.default_shape:
                 shapes = [{**s, key: v} for s in shapes for v in values]
         return shapes
+
+    def _check_file_inputs(self) -> None:
+        """input_shape and input_dtype: text run's flags take, for models that are files (a zoo model's shape is
+        its own: input_size, seq_len)."""
+        from ..models import is_path
+        from ..models.files import DTYPES, parse_shapes
+
+        for name in ("input_shape", "input_dtype"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not isinstance(value, str) or not value.strip():
+                raise UsageError(f"{name} {value!r} is invalid; accepted: text as run --{name.replace('_', '-')} takes")
+            if not any(is_path(m) for m in self.models):
+                raise UsageError(f"{name} applies to your own model files; accepted: a model given by its path")
+        parse_shapes(self.input_shape)
+        bad = [d for d in (self.input_dtype or "float32").split(",") if d.strip() not in DTYPES]
+        if bad:
+            raise UsageError(f"input_dtype {bad[0]!r} is invalid; accepted: {', '.join(DTYPES)} (comma list per input)")
 
     def _check_datasets(self) -> None:
         from ..datasets import open_dataset
@@ -387,8 +409,15 @@ def launch_of(point: Point, cfg: SweepConfig, out: Path, topology, numa_cpus=Non
     argv = run_argv(point.model, dict(point.shape), backend=point.backend, precision=point.precision,
                     batch_size=point.batch_size, threads=point.threads, timeout=cfg.timeout, output=out,
                     point_id=point.point_id, probe=cfg.probe, json=True, config_override=list(point.config) or None,
+                    **_file_input_flags(point, cfg),
                     **_dataset_flags(point, cfg), **extra)
     return Launch(point, spec, binding, env, argv)
+
+
+def _file_input_flags(point: Point, cfg: SweepConfig) -> dict:
+    from ..models import is_path
+
+    return {"input_shape": cfg.input_shape, "input_dtype": cfg.input_dtype} if is_path(point.model) else {}
 
 
 def _dataset_flags(point: Point, cfg: SweepConfig) -> dict:
@@ -403,8 +432,9 @@ def status_of(launch: Launch, out: Path, start: int, outcome) -> str:
     written = [r for r in res.records_in(out, start) if r.point_id == launch.point.point_id]
     if written:
         return written[-1].status
-    status = "timeout" if outcome.timed_out else "failed"
-    return _record(out, launch.point, launch.spec, status, outcome.reason, launch.binding)
+    status, reason, crash = failure_of(outcome)
+    return _record(out, launch.point, launch.spec, "failed" if status == "unsupported" else status, reason,
+                   launch.binding, crash)
 
 
 def run_point(point: Point, cfg: SweepConfig, out: Path, topology, numa_cpus=None) -> str:
@@ -472,9 +502,9 @@ def _stop_taker(taker: Taker, cfg: SweepConfig, out: Path, interrupted: bool = F
     return status_of(launch, out, start, taker.stop(cfg.point_timeout, interrupted))
 
 
-def _record(out, point: Point, spec, status: str, reason: str, binding) -> str:
+def _record(out, point: Point, spec, status: str, reason: str, binding, crash: dict | None = None) -> str:
     record_failure(out, spec, point.backend, point.precision, point.batch_size, point.threads,
-                   spec.shape(**dict(point.shape)), status, reason, binding, point.point_id, point.allocator)
+                   spec.shape(**dict(point.shape)), status, reason, binding, point.point_id, point.allocator, crash)
     return status
 
 

@@ -103,6 +103,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--serve", default=None, help=argparse.SUPPRESS)     # a LoadGen driver's socket (drivers/loadgen.py)
     p.add_argument("--run-id", default=None, help=argparse.SUPPRESS)    # a run's configurations share it (drivers/launcher.py)
     p.add_argument("--rounds", default=None, help=argparse.SUPPRESS)    # READ_FD,WRITE_FD from a run (drivers/launcher.py)
+    p.add_argument("--saved-module", default=None, help=argparse.SUPPRESS)  # benchmark(module): models.custom.save_module
 
 
 def machine_cpus() -> int:
@@ -143,7 +144,7 @@ def run_argv(model: str, shape: dict, command: str = "run", **options) -> list[s
 # The flags of `run` that a run passes on to the process of each of its configurations (drivers/launcher.py).
 FORWARDED = ("batch_size", "threads", "timeout", "num_runs", "input_size", "seq_len", "new_tokens", "config_override",
              "weights", "model_file", "input_shape", "input_dtype", "model_dir", "dataset", "labels", "num_samples",
-             "allow_oversubscribe", "probe", "profile", "point_id")
+             "allow_oversubscribe", "probe", "profile", "point_id", "saved_module")
 
 
 def config_argv(model: str | None, args: argparse.Namespace) -> list[str]:

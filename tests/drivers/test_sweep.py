@@ -84,7 +84,7 @@ def test_a_hanging_point_and_a_point_that_kills_itself_get_records_and_the_sweep
     by_backend = {r["backend"]: r for r in records(out)}
     assert by_backend["torchscript"]["status"] == "timeout" and "timed out after 20 s" in by_backend["torchscript"][
         "reason"]
-    assert by_backend["inductor"]["status"] == "failed" and "SIGKILL" in by_backend["inductor"]["reason"]
+    assert by_backend["inductor"]["status"] == "crashed" and "SIGKILL" in by_backend["inductor"]["reason"]
     assert by_backend["eager"]["status"] == "ok"        # the point after the hang still ran
     assert all(r["point_id"] for r in by_backend.values())
 
@@ -259,7 +259,7 @@ def test_points_taking_turns_interleave_their_rounds_and_one_that_dies_does_not_
     proc = sweep(out, *args, env=fault_env(tmp_path, "torchscript", "kill"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     by_backend = {r["backend"]: r for r in records(out)}
-    assert by_backend["torchscript"]["status"] == "failed" and "SIGKILL" in by_backend["torchscript"]["reason"]
+    assert by_backend["torchscript"]["status"] == "crashed" and "SIGKILL" in by_backend["torchscript"]["reason"]
     eager, onnx = by_backend["eager"], by_backend["onnxruntime"]
     for r in (eager, onnx):
         assert r["status"] == "ok" and r["stop_reason"] == "turns" and len(r["turns"]) == 3, r
