@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from ..core.errors import UnsupportedError, UsageError, short_error
 from ..core.log import logger
+from . import crashes
 from .base import Backend, Prepared, held_bytes, onnx_source
 from .llm_engines import EngineBackend
 
@@ -158,6 +159,7 @@ class AioBackend(Backend):
                 with torch.no_grad():        # compiling makes the graph's constants: backed too
                     _one_pass(prepared, ctx)()
                 prepared.compiles_on_first_call = False
+        crashes.done()               # tuning is over: a crash from here on is no candidate's
         prepared.info.update(backed)
         return prepared
 
@@ -178,6 +180,11 @@ class AioBackend(Backend):
         cached = _load_decision(decision_file)
         offered, original = strategies_for(model, self.engines), (model, ctx)
         rivals = _rivals(cached or {}, offered) if race_setting() and ctx.time_passes is not None else []
+        crashed = functools.partial(crashes.known, model=ctx.model_name, precision=precision)
+        if cached and crashed(cached["strategy"]):
+            logger.info("aio: cached strategy %s %s; tuning again", cached["strategy"], crashed(cached["strategy"]))
+            cached, rivals = None, []
+        rivals = [r for r in rivals if not crashed(r)]
         if cached and (cached["strategy"] in offered
                        or cached["strategy"] == "split" and set(cached["split"]["plan"]) <= set(offered)):
             short = rivals and _memory_short(2 * held_bytes(model))
@@ -233,7 +240,7 @@ class AioBackend(Backend):
                 need = weights * ((not last) + 1 + engine.copies_held)
             else:       # its own copy (not the last, see below), and what compiling makes of it (not eager)
                 need = weights * ((strategy != "eager") + (not last))
-            short = _memory_short(need)
+            short = crashes.known(strategy, ctx.model_name, precision) or _memory_short(need)
             if short:
                 refused[strategy] = short
                 continue
@@ -369,7 +376,8 @@ class AioBackend(Backend):
                 with torch.no_grad():
                     runners[decided][1]()
             with torch.no_grad():
-                timed = ctx.time_passes({name: r[1] for name, r in runners.items()}, threads)
+                timed = ctx.time_passes(_journaled({name: r[1] for name, r in runners.items()}, ctx.model_name,
+                                               precision), threads)
             # a rival replaces the decision (tuned with its knobs, in quiet rounds) only when clearly faster here:
             # a tie split finely would swap engines on noise (efficientnet_b0 fp32: 8.00 against 8.11 ms)
             fastest = min(timed.medians, key=timed.medians.get) if timed.medians else decided
@@ -652,6 +660,7 @@ class AioBackend(Backend):
         return _split_prepared(graph, stages, example_inputs, {})
 
     def _prepare_strategy(self, strategy, model, example_inputs, precision, threads, ctx) -> Prepared:
+        crashes.trying(strategy, "preparing", ctx.model_name, precision)     # a crash from here on is this strategy's
         if strategy == "compiled":
             return _compiled(model, example_inputs, precision, threads, ctx, self.engines.get("inductor"))
         backend = self.engines.get(strategy)
@@ -682,6 +691,19 @@ def _rows_model(model, example_inputs, ctx):
 def _rows_note(found) -> str:
     return (f"{found.narrowed} ops compute only the rows the output reads, {found.flops_saved:.1%} fewer FLOPs "
             "(aio_compile/rows.py)")
+
+
+def _journaled(passes: dict, model_name: str, precision: str) -> dict:
+    """The strategies' passes, each writing down that it runs when the rounds turn to it (backends/crashes.py)."""
+    def journaled(name, one_pass):
+        def run():
+            if _journaled.last != name:
+                _journaled.last = name
+                crashes.trying(name, "timing", model_name, precision)
+            return one_pass()
+        return run
+    _journaled.last = None
+    return {name: journaled(name, p) for name, p in passes.items()}
 
 
 def _call(p: Prepared):
@@ -854,7 +876,8 @@ def _choose(prepared: dict, refused: dict, time_passes, threads: int, decision_f
     timed = None
     if len(prepared) > 1:
         with torch.no_grad():
-            timed = time_passes({s: one_pass for s, (_, one_pass) in prepared.items()}, threads)
+            timed = time_passes(_journaled({s: one_pass for s, (_, one_pass) in prepared.items()}, key.get("model", ""),
+                                           key.get("precision", "")), threads)
     medians = timed.medians if timed else {}
     best = min(medians, key=medians.get) if medians else next(iter(prepared))
     decision = {"strategy": best, **(timed.to_dict() if timed else {"medians_ms": {}}), "refused": refused}

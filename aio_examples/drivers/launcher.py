@@ -22,6 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..backends import crashes
 from ..core import interrupts
 from ..core import records as res
 from ..core.errors import PROG, UsageError
@@ -113,28 +114,23 @@ def run_configs(run: Run, configs: list[Config], out_dir: Path | None, echo: boo
                         "; ".join(", ".join(c.label for c in g) for g in parts))
         reference_ms = None
         for number, group in enumerate(parts, 1):
-            reference_ms = _run_group(run, group, out, start, (number, len(parts)), reference_ms, echo)
+            reference_ms = _run_group(run, group, out, start, (number, len(parts)), reference_ms, echo,
+                                      Path(scratch))
         mine = {(r.backend, r.precision): r for r in res.records_in(out, start) if r.run_id == run.run_id}
     return [mine[(c.backend, c.precision)] for c in configs if (c.backend, c.precision) in mine]
 
 
 def _run_group(run: Run, group: list[Config], out: Path, since: int, place: tuple, reference_ms: float | None,
-               echo: bool) -> float | None:
+               echo: bool, scratch: Path) -> float | None:
     """Start the group's processes one at a time, hand out rounds until every one is done, stop them (eager fp32
     first, so the others learn its median): the eager fp32 median, if this group measured it."""
     takers = []
     try:
         with interrupts.stop_on_signals():
             for config in group:
-                logger.debug("%s: starting its process", config.label)
-                argv = [*run.argv, "--backend", config.backend, "-p", config.precision, "--output", str(out),
-                        "--run-id", run.run_id]
-                taker = Taker.spawn(argv, None, None, 0, context=config, echo=echo, flag="--rounds",
-                                    hold=ERROR_LINE.encode())
-                if taker.wait_ready(PREPARE_TIMEOUT_S):
+                taker = _start(run, config, out, since, echo, scratch)
+                if taker is not None:
                     takers.append(taker)
-                else:                # it ended (a refusal, a failure: its record says why) or crashed preparing
-                    _finish(run, taker, out, since, "preparing", {})
             _rounds(takers, run.timeout_s)
             shared = {"processes": "one per configuration", "with": [t.context.label for t in takers],
                       **({"group": list(place)} if place[1] > 1 else {})}
@@ -150,6 +146,29 @@ def _run_group(run: Run, group: list[Config], out: Path, since: int, place: tupl
         for taker in takers:         # interrupted: whoever measured writes what it has, saying so
             _finish(run, taker, out, since, "measuring", {}, interrupted=True)
     return reference_ms
+
+
+def _start(run: Run, config: Config, out: Path, since: int, echo: bool, scratch: Path) -> Taker | None:
+    """The configuration's process, prepared and warmed up (None: it ended, and its record says why). A process
+    that crashed while aio tried a candidate (its journal says which: backends/crashes.py) is started once more:
+    aio then leaves that candidate out, and its record says why; so is the next, up to MAX_ATTEMPTS in all."""
+    argv = [*run.argv, "--backend", config.backend, "-p", config.precision, "--output", str(out),
+            "--run-id", run.run_id]
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        journal = scratch / f"{config.backend}-{config.precision}-{attempt}.journal"
+        logger.debug("%s: starting its process", config.label)
+        taker = Taker.spawn(argv, {**os.environ, crashes.JOURNAL_ENV: str(journal)}, None, 0, context=config,
+                            echo=echo, flag="--rounds", hold=ERROR_LINE.encode())
+        if taker.wait_ready(PREPARE_TIMEOUT_S):
+            return taker
+        # it ended (a refusal, a failure: its record says why) or crashed preparing
+        if _finish(run, taker, out, since, "preparing", {}, journal=journal, retry=attempt < MAX_ATTEMPTS) != RETRY:
+            return None
+    return None
+
+
+RETRY = "retry"
+MAX_ATTEMPTS = 4        # a process that crashed on a new candidate each time: compiled, ONNX Runtime, OpenVINO
 
 
 def _rounds(takers: list[Taker], timeout_s: float) -> None:
@@ -171,9 +190,11 @@ def _rounds(takers: list[Taker], timeout_s: float) -> None:
         shuffle(order)
 
 
-def _finish(run: Run, taker: Taker, out: Path, since: int, phase: str, told: dict, interrupted: bool = False):
+def _finish(run: Run, taker: Taker, out: Path, since: int, phase: str, told: dict, interrupted: bool = False,
+            journal: Path | None = None, retry: bool = False):
     """Stop a configuration's process and wait for its record (in what the run appended to `out` after offset
-    `since`); one that died without writing it gets one saying how (crashed, timeout): that record, or None."""
+    `since`); one that died without writing it gets one saying how (crashed, timeout): that record, or None.
+    A crash whose `journal` names a candidate is remembered; with `retry` the answer is then RETRY, no record."""
     config = taker.context
     if interrupted:      # mid-round it reads no pipe: Ctrl-C reaches it as it would a run of its own
         with contextlib.suppress(ProcessLookupError):
@@ -189,6 +210,13 @@ def _finish(run: Run, taker: Taker, out: Path, since: int, phase: str, told: dic
     if outcome.returncode == 2 and said:            # bad input the process found (a file, a folder): ours too
         raise UsageError(said[-1])
     status, reason, crash = failure_of(outcome, phase)
+    learned = crashes.remember(journal, outcome.signal_name) if journal and outcome.signal_name else None
+    if learned:
+        logger.warning("%s: %s crashed its process with %s while %s: it is left out from now on on this CPU with "
+                       "%s", config.label, learned["strategy"], learned["signal"], learned["stage"], learned["engine"])
+        if retry:
+            return RETRY
+        crash["candidate"] = learned
     logger.warning("%s: %s", config.label, reason)
     return record_failure(out, run.spec, config.backend, config.precision, run.batch_size, run.threads, run.shape,
                           status, reason, crash=crash, run_id=run.run_id)
