@@ -22,7 +22,7 @@ def benchmark(model, *, precision: str = "fp32", backend: str = "eager", batch_s
               model_dir: str | None = None, timeout: float = 60.0, num_runs: int | None = None,
               output=None, allow_oversubscribe: bool = False, profile: bool = False,
               config: list[str] | None = None, input_shape: str | None = None,
-              input_dtype: str | None = None, launcher: str = "process") -> Result:
+              input_dtype: str | None = None, launcher: str = "process", tune: str | None = None) -> Result:
     """Measure a zoo model (by name), your own model file or Hugging Face folder (by path: `.pt2`, `.pt` and
     `.onnx` with `input_shape`/`input_dtype` where the file does not say them, docs/models.md) or your own
     `torch.nn.Module` (with `example_inputs`) on one backend.
@@ -34,15 +34,23 @@ def benchmark(model, *, precision: str = "fp32", backend: str = "eager", batch_s
     `launcher`: "process" (default) prepares and measures in a process of its own, so an engine that crashes
     gives a `crashed` record instead of killing the caller (a notebook's kernel), and the memory it used is
     given back when the call returns; "inline" runs in the caller's process (a debugger, a profiler).
+    `tune`: aio's tuning where nothing is cached, "quick" (the default) or "thorough" (as `--tune`).
     """
     if launcher not in LAUNCHERS:
         raise UsageError(f"launcher {launcher!r} is invalid; accepted: {', '.join(LAUNCHERS)}")
+    if tune is not None:
+        from .backends.optimized import TUNE_MODES
+
+        if tune not in TUNE_MODES:
+            raise UsageError(f"tune {tune!r} is invalid; accepted: {', '.join(TUNE_MODES)}")
+        if launcher == "inline":
+            os.environ["AIO_TUNE"] = tune        # aio reads it where it tunes: here
     choice = resolve_threads(threads, allow_oversubscribe=allow_oversubscribe)
     rule = StopRule(timeout_s=timeout, num_runs=num_runs)
     out_dir = check_output_dir(output) if output is not None else None
     inline = launcher == "inline"
     flags = {"precision": precision, "backend": backend, "timeout": timeout, "num_runs": num_runs, "threads": threads,
-             "allow_oversubscribe": allow_oversubscribe, "profile": profile}
+             "allow_oversubscribe": allow_oversubscribe, "profile": profile, "tune": tune}
     if isinstance(model, str) and is_path(model) and not os.path.isdir(model):
         spec, module, inputs, batch, shapes = load_model_file(model, input_shape, input_dtype, try_inputs=inline)
         req = RunRequest(spec, [backend], precision, batch, choice, shapes, model, rule=rule, module=module,

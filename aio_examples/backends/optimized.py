@@ -17,6 +17,7 @@ import functools
 import json
 import os
 import platform
+import sys
 import time
 from collections.abc import Callable
 
@@ -128,6 +129,24 @@ def huge_pages_setting() -> bool:
     return _switch("AIO_HUGE_PAGES", "back what aio prepares with huge pages", "leave its pages as allocated")
 
 
+TUNE_MODES = ("quick", "thorough")
+# Seconds a quick tuning spends preparing strategies: the first answer of a fresh machine comes in about a minute
+# and a half (the model built, this tuning, the measurement). A strategy not started by then is left for
+# `--tune thorough`; the engines that are cheapest to prepare and most often fastest go first.
+QUICK_BUDGET_S = 30.0
+QUICK_ORDER = ("openvino", "onnxruntime", "compiled")
+
+
+def tune_setting() -> str:
+    """`AIO_TUNE` (`--tune`): quick (the default: the strategies that fit QUICK_BUDGET_S, whole models with their
+    default settings, and the rows stage while the budget lasts; cached, and replaced by a thorough decision once
+    one exists) or thorough (every strategy, then the knob, rows and split stages)."""
+    mode = os.environ.get("AIO_TUNE", "quick").strip()
+    if mode not in TUNE_MODES:
+        raise UsageError(f"AIO_TUNE={mode!r} is invalid; accepted: {' or '.join(TUNE_MODES)} (--tune)")
+    return mode
+
+
 def process_mode() -> bool:
     """`AIO_PROCESS_MODE`: 1 (default) runs the optimized backend, 0 falls back to eager."""
     return _switch("AIO_PROCESS_MODE", "run the optimized backend", "fall back to eager")
@@ -177,7 +196,12 @@ class AioBackend(Backend):
                "knobs_tuned": knobs_on and {s: [n for n, _ in k] for s, k in KNOBS.items()},
                "split_tuned": split_settings()[0], "rows_tuned": rows_setting(), "finalist_margin": FINALIST_MARGIN}
         decision_file = _decision_file(ctx.model_name, key)
-        cached = _load_decision(decision_file)
+        quick = tune_setting() == "quick"
+        cached = _load_decision(decision_file)       # a thorough decision serves either mode
+        if quick and cached is None:
+            key = {**key, "tune": "quick"}
+            decision_file = _decision_file(ctx.model_name, key)
+            cached = _load_decision(decision_file)
         offered, original = strategies_for(model, self.engines), (model, ctx)
         rivals = _rivals(cached or {}, offered) if race_setting() and ctx.time_passes is not None else []
         crashed = functools.partial(crashes.known, model=ctx.model_name, precision=precision)
@@ -212,25 +236,37 @@ class AioBackend(Backend):
                 return self._race(prepared, rivals, *original, example_inputs, precision, threads) if rivals \
                     else prepared
         model, ctx = original           # not the rows rewrite (tuning tries it on its own), a copy if one was made
-        return self._tune(model, example_inputs, precision, threads, ctx, decision_file, {"model": ctx.model_name,
-                                                                                           **key})
+        with _Progress(ctx.model_name, precision) as progress:
+            return self._tune(model, example_inputs, precision, threads, ctx, decision_file,
+                              {"model": ctx.model_name, **key}, progress)
 
-    def _tune(self, model, example_inputs, precision, threads, ctx, decision_file, key) -> Prepared:
-        """Prepare every strategy that can run, time them alike (with `ctx.time_passes`), keep the fastest.
+    def _tune(self, model, example_inputs, precision, threads, ctx, decision_file, key, progress) -> Prepared:
+        """Prepare every strategy that can run, time them alike (with `ctx.time_passes`), keep the fastest. A
+        quick tuning (key["tune"]) prepares the strategies that fit its budget, cheapest first, and skips the knob
+        and split stages.
 
         Without `ctx.time_passes` (prepare called outside the runner) the first strategy that runs is taken,
         untuned, and nothing is cached."""
         from .int8 import is_generation_step
 
         started = time.monotonic()
+        quick = key.get("tune") == "quick"
         prepared, refused, wrong = {}, {}, {}
         strategies = strategies_for(model, self.engines)
+        if quick:
+            strategies = tuple(sorted(strategies, key=lambda s: QUICK_ORDER.index(s) if s in QUICK_ORDER else -1))
         weights = held_bytes(model)
         # a generation's output check needs its own teacher-forced steps: its strategies are not checked here
         checked = ctx.check is not None and not is_generation_step(model)
+        progress.plan(len(strategies) + 1 + (not quick) * 3)     # each strategy, the timing, the later stages
         for strategy in strategies:
             if prepared and ctx.time_passes is None:
                 break
+            progress.step(f"preparing {strategy}")
+            if quick and prepared and time.monotonic() - started > QUICK_BUDGET_S:
+                refused[strategy] = (f"left out of the quick tuning's {QUICK_BUDGET_S:.0f} s of preparing "
+                                     "(--tune thorough tries it)")
+                continue
             last, engine = strategy == strategies[-1], self.engines.get(strategy)
             if isinstance(engine, EngineBackend):         # an LLM engine reads the model into its own format
                 need = engine.memory_estimate(2 * weights, precision, True)
@@ -272,11 +308,14 @@ class AioBackend(Backend):
             tuning = {"not_tuned": "no timing function handed in", "refused": refused}
             logger.warning("aio: no timing function handed in (PrepareContext.time_passes): running %s untuned", best)
         else:
-            knobs = key.get("knobs_tuned") and best_has_knobs(prepared, model)
-            splits = key.get("split_tuned") and may_split(prepared, model)
-            rows = key.get("rows_tuned") and not is_generation_step(model) and onnx_source(model) is None
+            knobs = not quick and key.get("knobs_tuned") and best_has_knobs(prepared, model)
+            splits = not quick and key.get("split_tuned") and may_split(prepared, model)
+            rows = (key.get("rows_tuned") and not is_generation_step(model) and onnx_source(model) is None
+                    and not (quick and time.monotonic() - started > QUICK_BUDGET_S))
+            progress.step("timing " + ", ".join(prepared))
             best, tuning = _choose(prepared, refused, ctx.time_passes, threads, decision_file, key,
                                    save=not (knobs or splits or rows))
+            progress.step("the knobs, rows and split stages" if not quick else "the rows stage" if rows else "done")
         engines = [s for s in prepared if s in STRATEGIES]
         if all_wrong:
             tuning["output_check"] = "every strategy that ran failed the output check: the fastest was kept"
@@ -880,7 +919,8 @@ def _choose(prepared: dict, refused: dict, time_passes, threads: int, decision_f
                                            key.get("precision", "")), threads)
     medians = timed.medians if timed else {}
     best = min(medians, key=medians.get) if medians else next(iter(prepared))
-    decision = {"strategy": best, **(timed.to_dict() if timed else {"medians_ms": {}}), "refused": refused}
+    decision = {"strategy": best, "mode": "quick" if key.get("tune") == "quick" else "thorough",
+                **(timed.to_dict() if timed else {"medians_ms": {}}), "refused": refused}
     tuning = {**decision, "cached": False, "file": str(decision_file)}
     short = [s for s, why in refused.items() if why.startswith("not tried")]
     if short:
@@ -1049,9 +1089,43 @@ def _decision_file(model_name: str, key: dict):
 
 def _load_decision(path) -> dict | None:
     try:
-        return json.loads(path.read_text())
+        decision = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    decision.setdefault("mode", "thorough")       # taken before quick tunings existed: every stage ran
+    return decision
+
+
+class _Progress:
+    """A progress bar of a tuning on stderr: the stage it is in, and an estimate of the time left (tqdm's, from
+    the stages done so far); none where CI is set or for a tuning that ends at once."""
+
+    def __init__(self, model: str, precision: str):
+        self.what, self.bar, self.doing = f"aio tuning {model} {precision}", None, None
+
+    def __enter__(self):
+        return self
+
+    def plan(self, stages: int) -> None:
+        from tqdm import tqdm
+
+        quiet = os.environ.get("CI", "").lower() in ("1", "true")
+        self.bar = tqdm(total=stages, desc=self.what, unit="stage", file=sys.stderr, disable=quiet,
+                        dynamic_ncols=True, bar_format="{desc}: {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {postfix}")
+
+    def step(self, doing: str) -> None:
+        """The stage before is done; `doing` begins."""
+        if self.bar is None:
+            return
+        if self.doing is not None:
+            self.bar.update(1)
+        self.doing = doing
+        self.bar.set_postfix_str(doing)
+        logger.debug("%s: %s", self.what, doing)
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.close()
 
 
 def _save_decision(path, decision: dict) -> None:

@@ -1,6 +1,7 @@
 """The subcommands: each turns parsed flags into a call of the layer that does the work, and prints."""
 
 import contextlib
+import os
 import sys
 from pathlib import Path
 
@@ -19,6 +20,7 @@ def _backends(arg: str | None) -> list[str]:
         rows_setting,
         split_settings,
         switch_setting,
+        tune_setting,
     )
 
     if arg is None:
@@ -36,6 +38,7 @@ def _backends(arg: str | None) -> list[str]:
         race_setting()                        # and AIO_RACE_CLOSE
         switch_setting()                      # and AIO_SWITCH
         huge_pages_setting()                  # and AIO_HUGE_PAGES
+        tune_setting()                        # and AIO_TUNE
     if "aio" in names and not process_mode():
         print("AIO_PROCESS_MODE=0: the optimized backend is off, running eager instead", file=sys.stderr)
         names = list(dict.fromkeys("eager" if n == "aio" else n for n in names))
@@ -65,6 +68,8 @@ def do_run(model: str, args) -> int:
     for warning in unused_switches():
         print(f"{PROG}: warning: {warning}", file=sys.stderr)
     # Everything that can be checked without torch is checked first: bad input fails fast.
+    if getattr(args, "tune", None):
+        os.environ["AIO_TUNE"] = args.tune         # read by aio where it tunes: this process or a configuration's
     precisions = _precisions(args.precision)
     choice = resolve_threads(args.threads, allow_oversubscribe=args.allow_oversubscribe)
     export_thread_env(choice.threads)          # before torch starts its thread pools
@@ -277,7 +282,7 @@ def do_sweep(args) -> int:
                  "shape": shape or None, "seq_lens": args.seq_lens, "new_tokens": args.new_tokens,
                  "config_overrides": args.config_override, "repeats": args.repeats, "probe": args.probe or None,
                  "interleave": args.interleave, "num_samples": args.num_samples, "input_shape": args.input_shape,
-                 "input_dtype": args.input_dtype}
+                 "input_dtype": args.input_dtype, "tune": args.tune}
     if args.config:
         cfg = SweepConfig.from_toml(args.config, overrides)
     else:

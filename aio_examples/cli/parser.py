@@ -62,6 +62,8 @@ def _add_drivers(sub) -> None:
                     help="comma list of sequence (prompt) lengths, each a point of its own (models with one)")
     sw.add_argument("--new-tokens", type=ints("--new-tokens"), default=None,
                     help="comma list of tokens to generate, each a point of its own (text generators)")
+    sw.add_argument("--tune", choices=("quick", "thorough"), default=None,
+                    help="aio's tuning where nothing is cached: quick (default) or thorough (as run --tune)")
     sw.add_argument("--input-shape", default=None,
                     help="your own model files' input shapes, NAME=DxDx...,... (as run --input-shape)")
     sw.add_argument("--input-dtype", default=None, help="your own model files' input dtypes (as run --input-dtype)")

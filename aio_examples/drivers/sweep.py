@@ -148,6 +148,7 @@ class SweepConfig:
     seq_lens: list[int] | None = None         # each a point of its own (models with a sequence length)
     new_tokens: list[int] | None = None       # each a point of its own (text generators)
     config_overrides: list[str] = field(default_factory=list)   # "KEY=VALUE", passed to every point
+    tune: str | None = None                   # aio's tuning where nothing is cached: quick or thorough (run --tune)
     input_shape: str | None = None            # your own model files' input shapes and dtypes (run --input-shape)
     input_dtype: str | None = None
     timeout: float = 20.0                     # measured seconds per point
@@ -218,6 +219,8 @@ class SweepConfig:
                 raise UsageError(f"shape {k}={v!r} is invalid; accepted: {', '.join(SHAPE_KEYS)} = whole numbers")
         self._check_shapes()
         self._check_file_inputs()
+        if self.tune is not None and self.tune not in ("quick", "thorough"):
+            raise UsageError(f"tune {self.tune!r} is invalid; accepted: quick or thorough")
         self._check_datasets()
         if self.serving:
             from .loadgen import check_serving
@@ -409,7 +412,7 @@ def launch_of(point: Point, cfg: SweepConfig, out: Path, topology, numa_cpus=Non
     argv = run_argv(point.model, dict(point.shape), backend=point.backend, precision=point.precision,
                     batch_size=point.batch_size, threads=point.threads, timeout=cfg.timeout, output=out,
                     point_id=point.point_id, probe=cfg.probe, json=True, config_override=list(point.config) or None,
-                    **_file_input_flags(point, cfg),
+                    tune=cfg.tune, **_file_input_flags(point, cfg),
                     **_dataset_flags(point, cfg), **extra)
     return Launch(point, spec, binding, env, argv)
 

@@ -90,6 +90,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="after the timed passes, profile a few more: time per op category and the top ops per "
                         "configuration, a Chrome trace under OUTPUT/profiles (timings unchanged)")
     p.add_argument("--json", action="store_true", help="print the records as JSON lines instead of a table")
+    p.add_argument("--tune", choices=("quick", "thorough"), default=None,
+                   help="aio's tuning when nothing is cached for this model here: quick (default: about 30 s of "
+                        "preparing, the engines' defaults) or thorough (every strategy and its settings, minutes); "
+                        "as AIO_TUNE")
     p.add_argument("--launcher", choices=("process", "inline"), default="process",
                    help="process (default): each configuration is prepared and measured in a process of its own, "
                         "so a crash, a hang or the memory of one costs only its own record; inline: all in this "
@@ -144,7 +148,7 @@ def run_argv(model: str, shape: dict, command: str = "run", **options) -> list[s
 # The flags of `run` that a run passes on to the process of each of its configurations (drivers/launcher.py).
 FORWARDED = ("batch_size", "threads", "timeout", "num_runs", "input_size", "seq_len", "new_tokens", "config_override",
              "weights", "model_file", "input_shape", "input_dtype", "model_dir", "dataset", "labels", "num_samples",
-             "allow_oversubscribe", "probe", "profile", "point_id", "saved_module")
+             "allow_oversubscribe", "probe", "profile", "point_id", "saved_module", "tune")
 
 
 def config_argv(model: str | None, args: argparse.Namespace) -> list[str]:
