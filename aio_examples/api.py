@@ -16,13 +16,14 @@ from .models.files import load_model_file
 LAUNCHERS = ("process", "inline")
 
 
-def benchmark(model, *, precision: str = "fp32", backend: str = "eager", batch_size: int = 1,
+def benchmark(model, *, precision: str | list[str] = "fp32", backend: str | list[str] = "eager", batch_size: int = 1,
               threads: int | None = None, example_inputs=None, input_size: int | None = None,
               seq_len: int | None = None, new_tokens: int | None = None, weights: str | None = None,
               model_dir: str | None = None, timeout: float = 60.0, num_runs: int | None = None,
               output=None, allow_oversubscribe: bool = False, profile: bool = False,
               config: list[str] | None = None, input_shape: str | None = None,
-              input_dtype: str | None = None, launcher: str = "process", tune: str | None = None) -> Result:
+              input_dtype: str | None = None, launcher: str = "process",
+              tune: str | None = None) -> Result | list[Result]:
     """Measure a zoo model (by name), your own model file or Hugging Face folder (by path: `.pt2`, `.pt` and
     `.onnx` with `input_shape`/`input_dtype` where the file does not say them, docs/models.md) or your own
     `torch.nn.Module` (with `example_inputs`) on one backend.
@@ -35,6 +36,10 @@ def benchmark(model, *, precision: str = "fp32", backend: str = "eager", batch_s
     gives a `crashed` record instead of killing the caller (a notebook's kernel), and the memory it used is
     given back when the call returns; "inline" runs in the caller's process (a debugger, a profiler).
     `tune`: aio's tuning where nothing is cached, "quick" (the default) or "thorough" (as `--tune`).
+
+    With a list of backends or precisions, every configuration is measured in one run, in interleaved rounds
+    with eager fp32 alongside as the reference of the speedups (as `run --backend a,b`), and the list of their
+    records is returned.
     """
     if launcher not in LAUNCHERS:
         raise UsageError(f"launcher {launcher!r} is invalid; accepted: {', '.join(LAUNCHERS)}")
@@ -49,11 +54,14 @@ def benchmark(model, *, precision: str = "fp32", backend: str = "eager", batch_s
     rule = StopRule(timeout_s=timeout, num_runs=num_runs)
     out_dir = check_output_dir(output) if output is not None else None
     inline = launcher == "inline"
-    flags = {"precision": precision, "backend": backend, "timeout": timeout, "num_runs": num_runs, "threads": threads,
+    backends = [backend] if isinstance(backend, str) else list(backend)
+    precisions = [precision] if isinstance(precision, str) else list(precision)
+    several = len(backends) * len(precisions) > 1
+    flags = {"timeout": timeout, "num_runs": num_runs, "threads": threads,
              "allow_oversubscribe": allow_oversubscribe, "profile": profile, "tune": tune}
     if isinstance(model, str) and is_path(model) and not os.path.isdir(model):
         spec, module, inputs, batch, shapes = load_model_file(model, input_shape, input_dtype, try_inputs=inline)
-        req = RunRequest(spec, [backend], precision, batch, choice, shapes, model, rule=rule, module=module,
+        req = RunRequest(spec, backends, precisions, batch, choice, shapes, model, rule=rule, module=module,
                          example_inputs=inputs, profile=profile)
         flags.update(model_file=model, input_shape=input_shape, input_dtype=input_dtype)
     elif isinstance(model, str):
@@ -61,7 +69,7 @@ def benchmark(model, *, precision: str = "fp32", backend: str = "eager", batch_s
             model_dir = model
         spec = get_model(model).with_config(config)
         shape = spec.shape(input_size=input_size, seq_len=seq_len, new_tokens=new_tokens)
-        req = RunRequest(spec, [backend], precision, batch_size, choice, shape, weights, model_dir, rule,
+        req = RunRequest(spec, backends, precisions, batch_size, choice, shape, weights, model_dir, rule,
                          profile=profile)
         flags.update(batch_size=batch_size, input_size=input_size, seq_len=seq_len, new_tokens=new_tokens,
                      weights=weights, model_dir=model_dir, config_override=config)
@@ -72,16 +80,16 @@ def benchmark(model, *, precision: str = "fp32", backend: str = "eager", batch_s
             raise TypeError("benchmark(module) needs example_inputs=(tensor, ...)")
         inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
         spec, batch, shapes = custom_spec(model, inputs)
-        req = RunRequest(spec, [backend], precision, batch, choice, shapes, rule=rule, module=model,
+        req = RunRequest(spec, backends, precisions, batch, choice, shapes, rule=rule, module=model,
                          example_inputs=inputs, profile=profile)
-    if inline:
-        return run(req, out_dir)[0]
-    return _in_own_process(req, model, flags, out_dir)
+    results = run(req, out_dir, reference=several) if inline else _in_own_processes(req, model, flags, out_dir,
+                                                                                   several)
+    return results if several else results[0]
 
 
-def _in_own_process(req: RunRequest, model, flags: dict, out_dir) -> Result:
-    """The configuration of `req` prepared and measured by `aio-examples run` in a process of its own."""
-    from .drivers.launcher import Config, Run, run_configs
+def _in_own_processes(req: RunRequest, model, flags: dict, out_dir, several: bool) -> list[Result]:
+    """The configurations of `req` prepared and measured by `aio-examples run`, each in a process of its own."""
+    from .drivers.launcher import Run, configs_of, run_configs
     from .drivers.worker import config_argv
 
     with tempfile.TemporaryDirectory(prefix="aio-benchmark-") as scratch:
@@ -90,6 +98,6 @@ def _in_own_process(req: RunRequest, model, flags: dict, out_dir) -> Result:
             flags["saved_module"] = os.path.join(scratch, "module.pt")
             save_module(req.module, req.example_inputs, flags["saved_module"])
         args = argparse.Namespace(**flags)
-        [result] = run_configs(Run(config_argv(name, args), req.spec, req.batch_size, req.threads.threads, req.shape, new_run_id(),
-                                   req.rule.timeout_s), [Config(flags["backend"], flags["precision"])], out_dir)
-    return result
+        configs = configs_of(req.spec, req.backends, req.precisions, req.batch_size, req.shape, reference=several)
+        return run_configs(Run(config_argv(name, args), req.spec, req.batch_size, req.threads.threads, req.shape,
+                               new_run_id(), req.rule.timeout_s), configs, out_dir)

@@ -95,3 +95,15 @@ def test_a_model_file_by_path_with_its_input_shape(tmp_path):
     r = benchmark(str(tmp_path / "tiny.onnx"), backend="onnxruntime", input_shape="3x32", threads=1, num_runs=2)
     assert r.status == "ok" and r.model == "tiny" and r.batch_size == 3 and "sha256" in r.weights_path
     assert benchmark(str(tmp_path / "tiny.onnx"), input_shape="3x32", threads=1).status == "unsupported"   # eager
+
+
+def test_benchmark_of_several_backends_is_one_interleaved_run():
+    results = benchmark("resnet_18", backend=["eager", "torchscript"], precision=["fp32", "bf16"], input_size=64,
+                        threads=1, num_runs=5)
+    assert [(r.backend, r.precision) for r in results] == [("eager", "fp32"), ("torchscript", "fp32"),
+                                                           ("eager", "bf16"), ("torchscript", "bf16")]
+    assert len({r.run_id for r in results}) == 1 and results[0].speedup_vs_eager_fp32 == 1.0
+    for r in results:
+        assert r.status == "ok", r.reason
+        assert r.scenario["rounds"]["with"] == ["eager/fp32", "torchscript/fp32", "eager/bf16", "torchscript/bf16"]
+        assert r.speedup_vs_eager_fp32 == pytest.approx(results[0].median_ms / r.median_ms)
