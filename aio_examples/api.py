@@ -6,14 +6,13 @@ import tempfile
 
 from .core.errors import UsageError
 from .core.records import Result, check_output_dir, new_run_id
+from .drivers.worker import launcher_setting
 from .machine.threads import resolve_threads
 from .measurement.runner import RunRequest, run
 from .measurement.timing import StopRule
 from .models import get_model, is_path
 from .models.custom import custom_spec, save_module
 from .models.files import load_model_file
-
-LAUNCHERS = ("process", "inline")
 
 
 def benchmark(model, *, precision: str | list[str] = "fp32", backend: str | list[str] = "eager", batch_size: int = 1,
@@ -22,7 +21,7 @@ def benchmark(model, *, precision: str | list[str] = "fp32", backend: str | list
               model_dir: str | None = None, timeout: float = 60.0, num_runs: int | None = None,
               output=None, allow_oversubscribe: bool = False, profile: bool = False,
               config: list[str] | None = None, input_shape: str | None = None,
-              input_dtype: str | None = None, launcher: str = "process",
+              input_dtype: str | None = None, launcher: str | None = None,
               tune: str | None = None) -> Result | list[Result]:
     """Measure a zoo model (by name), your own model file or Hugging Face folder (by path: `.pt2`, `.pt` and
     `.onnx` with `input_shape`/`input_dtype` where the file does not say them, docs/models.md) or your own
@@ -32,7 +31,7 @@ def benchmark(model, *, precision: str | list[str] = "fp32", backend: str | list
     also appended to `<output>/results.jsonl`. With `profile`, a few profiled passes follow the timed ones:
     `result.metrics["profile"]` (docs/profiling.md). `config`: `KEY=VALUE` overrides of a transformers model's
     architecture, as `--config-override` (`["num_hidden_layers=2"]`); they are part of the record's input shape.
-    `launcher`: "process" (default) prepares and measures in a process of its own, so an engine that crashes
+    `launcher`: "process" (the default, else `AIO_LAUNCHER`) prepares and measures in a process of its own, so an engine that crashes
     gives a `crashed` record instead of killing the caller (a notebook's kernel), and the memory it used is
     given back when the call returns; "inline" runs in the caller's process (a debugger, a profiler).
     `tune`: aio's tuning where nothing is cached, "quick" (the default) or "thorough" (as `--tune`).
@@ -41,8 +40,7 @@ def benchmark(model, *, precision: str | list[str] = "fp32", backend: str | list
     with eager fp32 alongside as the reference of the speedups (as `run --backend a,b`), and the list of their
     records is returned.
     """
-    if launcher not in LAUNCHERS:
-        raise UsageError(f"launcher {launcher!r} is invalid; accepted: {', '.join(LAUNCHERS)}")
+    launcher = launcher_setting(launcher)
     if tune is not None:
         from .backends.optimized import TUNE_MODES
 

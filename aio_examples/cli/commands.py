@@ -65,8 +65,9 @@ def do_run(model: str, args) -> int:
 
     die_with_parent()                          # a point of a sweep, matrix or throughput run ends with its driver
     apply_in_child()                           # a driver's sched_setaffinity binding, before torch starts
-    for warning in unused_switches():
-        print(f"{PROG}: warning: {warning}", file=sys.stderr)
+    if getattr(args, "rounds", None) is None:       # a configuration's process: its run has said them
+        for warning in unused_switches():
+            print(f"{PROG}: warning: {warning}", file=sys.stderr)
     # Everything that can be checked without torch is checked first: bad input fails fast.
     if getattr(args, "tune", None):
         os.environ["AIO_TUNE"] = args.tune         # read by aio where it tunes: this process or a configuration's
@@ -146,7 +147,7 @@ def do_run(model: str, args) -> int:
                 request([b], [p])
         configs = configs_of(spec, backends, precisions, args.batch_size, shape, reference=compare)
         results = run_configs(Run(config_argv(model, args), spec, args.batch_size, choice.threads, shape,
-                                  new_run_id(), args.timeout), configs, out_dir, echo=not args.json)
+                                  new_run_id(), args.timeout), configs, out_dir)
     if args.json:
         for r in results:
             print(r.to_json())

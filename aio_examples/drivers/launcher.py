@@ -25,7 +25,7 @@ from pathlib import Path
 from ..backends import crashes
 from ..core import interrupts
 from ..core import records as res
-from ..core.errors import PROG, UsageError
+from ..core.errors import PROG, AioError, UsageError
 from ..core.log import logger
 from ..measurement.timing import ORDER_SEED, ROUND_S
 from .turns import Taker
@@ -202,13 +202,18 @@ def _finish(run: Run, taker: Taker, out: Path, since: int, phase: str, told: dic
     outcome = taker.stop(STOP_TIMEOUT_S, interrupted=interrupted, told=told)
     written = [r for r in res.records_in(out, since)
                if r.run_id == run.run_id and (r.backend, r.precision) == (config.backend, config.precision)]
+    stopped = outcome.returncode in (130, 143)       # Ctrl-C or SIGTERM reached it (maybe from a library of its own)
+    if stopped and not interrupted:                  # the run stops as the process did, keeping what it wrote
+        raise interrupts.Terminated() if outcome.returncode == 143 else KeyboardInterrupt()
     if written:
         return written[-1]
-    if interrupted and outcome.returncode in (130, 143):     # stopped before it measured anything: no record
+    if stopped:                                      # stopped before it measured anything: no record
         return None
     said = [line[len(ERROR_LINE):] for line in outcome.stderr_tail if line.startswith(ERROR_LINE)]
-    if outcome.returncode == 2 and said:            # bad input the process found (a file, a folder): ours too
-        raise UsageError(said[-1])
+    if said and outcome.returncode in (1, 2):
+        # bad input the process found (a file, a folder: exit 2), or what stops any run here (its record could not
+        # be written, a broken install: exit 1): the run's error too, in its words
+        raise (UsageError if outcome.returncode == 2 else AioError)(said[-1])
     status, reason, crash = failure_of(outcome, phase)
     learned = crashes.remember(journal, outcome.signal_name) if journal and outcome.signal_name else None
     if learned:

@@ -94,10 +94,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="aio's tuning when nothing is cached for this model here: quick (default: about 30 s of "
                         "preparing, the engines' defaults) or thorough (every strategy and its settings, minutes); "
                         "as AIO_TUNE")
-    p.add_argument("--launcher", choices=("process", "inline"), default="process",
+    p.add_argument("--launcher", choices=LAUNCHERS, default=None,
                    help="process (default): each configuration is prepared and measured in a process of its own, "
                         "so a crash, a hang or the memory of one costs only its own record; inline: all in this "
-                        "process (for debuggers and profilers)")
+                        "process (for debuggers and profilers); as AIO_LAUNCHER")
     # Set by the drivers (sweep, throughput) for the processes they start: see run_argv.
     p.add_argument("--point-id", default=None, help=argparse.SUPPRESS)
     p.add_argument("--instance", default=None, help=argparse.SUPPRESS)
@@ -157,6 +157,18 @@ def config_argv(model: str | None, args: argparse.Namespace) -> list[str]:
     return run_argv(model, {}, **{k: getattr(args, k, None) for k in FORWARDED}, launcher="inline")
 
 
+LAUNCHERS = ("process", "inline")
+
+
+def launcher_setting(value: str | None = None) -> str:
+    """`--launcher` (or benchmark's `launcher`), else `AIO_LAUNCHER`, else process: one line for a bad value."""
+    chosen = value or os.environ.get("AIO_LAUNCHER", "").strip() or "process"
+    if chosen not in LAUNCHERS:
+        said = f"launcher {value!r}" if value else f"AIO_LAUNCHER={chosen!r}"
+        raise UsageError(f"{said} is invalid; accepted: {' or '.join(LAUNCHERS)}")
+    return chosen
+
+
 def measures_inline(args: argparse.Namespace, configurations: int) -> bool:
     """Whether this process measures its configurations itself instead of a process for each: asked to
     (`--launcher inline`), or it is already the process of what a driver handed it (a sweep point or a matrix
@@ -165,7 +177,7 @@ def measures_inline(args: argparse.Namespace, configurations: int) -> bool:
 
     driven = any(getattr(args, k, None) is not None for k in ("turns", "rounds", "instance", "serve"))
     by_driver = os.environ.get(DRIVER_PID_ENV) == str(os.getppid()) and configurations == 1
-    return driven or by_driver or getattr(args, "launcher", "process") == "inline"
+    return driven or by_driver or launcher_setting(getattr(args, "launcher", None)) == "inline"
 
 
 def parse_run_argv(argv: list[str]) -> tuple[str, argparse.Namespace]:

@@ -82,6 +82,12 @@ def draw_boxes(ax, image: torch.Tensor, boxes) -> None:
     ax.axis("off")
 
 
+def records(*outcomes) -> list:
+    """The records of one or more `benchmark` calls in one list: a call measuring one configuration returns a
+    `Result`, one measuring several (a list of backends or precisions) returns a list."""
+    return [r for o in outcomes for r in (o if isinstance(o, (list, tuple)) else [o])]
+
+
 def split_results(results):
     """`benchmark` results split into (those that ran ok, for the tables and charts; a DataFrame of the others
     with their status and reason), so a configuration a backend cannot run is listed, not silently left out."""

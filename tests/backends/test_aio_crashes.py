@@ -45,6 +45,7 @@ def test_a_candidate_that_crashes_is_left_out_and_remembered(tmp_path, monkeypat
     module = onnx_crash.CrashInOnnxExport().eval()
     try:
         first = benchmark(module, example_inputs=(torch.randn(4, 16),), backend="aio", threads=1, num_runs=10,
+                          launcher="process",
                           output=tmp_path / "out")
         assert first.status == "ok" and first.strategy != "onnxruntime", first.reason
         why = first.backend_info["tuning"]["refused"]["onnxruntime"]
@@ -55,7 +56,8 @@ def test_a_candidate_that_crashes_is_left_out_and_remembered(tmp_path, monkeypat
         assert crashes.known("openvino", "CrashInOnnxExport", "fp32") is None
         assert not os.environ.get(crashes.JOURNAL_ENV)
         # a second run (its decision cached, or tuned again where the rounds were busy) does not crash
-        again = benchmark(module, example_inputs=(torch.randn(4, 16),), backend="aio", threads=1, num_runs=10)
+        again = benchmark(module, example_inputs=(torch.randn(4, 16),), backend="aio", threads=1, num_runs=10,
+                          launcher="process")
         assert again.status == "ok" and again.crash is None and again.strategy != "onnxruntime"
     finally:
         sys.modules.pop("onnx_crash", None)

@@ -27,6 +27,7 @@ class Mlp(torch.nn.Module):
 @pytest.fixture
 def knobs_on(monkeypatch, tmp_path):
     monkeypatch.setenv("AIO_TUNE_KNOBS", "1")
+    monkeypatch.setenv("AIO_TUNE", "thorough")         # the stages after the choice: thorough tuning's
     monkeypatch.setenv("AIO_CACHE_DIR", str(tmp_path))        # no decision of another test is reused
     monkeypatch.setattr(timing, "TUNING_CONTENDED_CORES", float("inf"))     # whatever else the machine runs now
     monkeypatch.setattr(timing, "TUNING_ROUND_S", 0.2)    # shorter rounds: a 2 ms handicap on a tiny MLP is clear

@@ -36,6 +36,7 @@ class Classifier(torch.nn.Module):
 @pytest.fixture
 def rows_on(monkeypatch, tmp_path):
     monkeypatch.setenv("AIO_TUNE_ROWS", "1")
+    monkeypatch.setenv("AIO_TUNE", "thorough")         # the stages after the choice: thorough tuning's
     monkeypatch.setenv("AIO_TUNE_KNOBS", "0")
     monkeypatch.setenv("AIO_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(timing, "TUNING_CONTENDED_CORES", float("inf"))     # whatever else the machine runs now

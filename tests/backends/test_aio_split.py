@@ -58,6 +58,7 @@ def test_the_graph_is_cut_where_few_tensors_cross_and_its_segments_remake_the_mo
 @pytest.fixture
 def split_on(monkeypatch, tmp_path):
     monkeypatch.setenv("AIO_TUNE_SPLIT", "1")
+    monkeypatch.setenv("AIO_TUNE", "thorough")         # the stages after the choice: thorough tuning's
     monkeypatch.setenv("AIO_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(timing, "TUNING_CONTENDED_CORES", float("inf"))     # whatever else the machine runs now
     monkeypatch.setattr(timing, "TUNING_TIMEOUT_S", 1.0)
