@@ -258,7 +258,7 @@ class AioBackend(Backend):
         weights = held_bytes(model)
         # a generation's output check needs its own teacher-forced steps: its strategies are not checked here
         checked = ctx.check is not None and not is_generation_step(model)
-        progress.plan(len(strategies) + 1 + (not quick) * 3)     # each strategy, the timing, the later stages
+        progress.plan(len(strategies) + 1)           # each strategy, the timing (and the stages after, once known)
         for strategy in strategies:
             if prepared and ctx.time_passes is None:
                 break
@@ -315,7 +315,8 @@ class AioBackend(Backend):
             progress.step("timing " + ", ".join(prepared))
             best, tuning = _choose(prepared, refused, ctx.time_passes, threads, decision_file, key,
                                    save=not (knobs or splits or rows))
-            progress.step("the knobs, rows and split stages" if not quick else "the rows stage" if rows else "done")
+            later = [name for name, on in (("knobs", knobs), ("rows", rows), ("split", splits)) if on]
+            progress.step(f"the {', '.join(later)} stage{'s' * (len(later) > 1)}" if later else "done", more=bool(later))
         engines = [s for s in prepared if s in STRATEGIES]
         if all_wrong:
             tuning["output_check"] = "every strategy that ran failed the output check: the fastest was kept"
@@ -1113,18 +1114,22 @@ class _Progress:
         self.bar = tqdm(total=stages, desc=self.what, unit="stage", file=sys.stderr, disable=quiet,
                         dynamic_ncols=True, bar_format="{desc}: {n_fmt}/{total_fmt} [{elapsed}<{remaining}] {postfix}")
 
-    def step(self, doing: str) -> None:
-        """The stage before is done; `doing` begins."""
+    def step(self, doing: str, more: bool = False) -> None:
+        """The stage before is done; `doing` begins (a stage `more` than planned)."""
         if self.bar is None:
             return
+        if more:
+            self.bar.total += 1
         if self.doing is not None:
             self.bar.update(1)
         self.doing = doing
         self.bar.set_postfix_str(doing)
         logger.debug("%s: %s", self.what, doing)
 
-    def __exit__(self, *exc):
+    def __exit__(self, kind, *exc):
         if self.bar is not None:
+            if kind is None:             # the last stage is done too
+                self.bar.update(self.bar.total - self.bar.n)
             self.bar.close()
 
 
