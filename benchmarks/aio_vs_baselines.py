@@ -137,19 +137,25 @@ def _compare(model, precision, runs: list[list[dict]]) -> dict:
     best = min(combined, key=combined.get)
     ratios = [a["latency_ms"]["median"] / r["latency_ms"]["median"] for a, r in zip(aios, baselines[best])]
     row.update(best=best, best_ms=combined[best], orders=", ".join(f"{x:.3f}" for x in ratios))
-    # Noise: what swapping the preparation order alone does to the ratio, or overlapping CIs in both orders.
+    row["verdict"] = verdict(list(zip(aios, baselines[best])), row["aio"] / row["best_ms"])
+    return row
+
+
+def verdict(pairs: list[tuple[dict, dict]], combined_ratio: float) -> str:
+    """PASS, FAIL or UNSTABLE for a candidate's records against a target's, one pair per preparation order, and
+    the ratio of their combined medians. Noise: what swapping the preparation order alone does to the ratio, or
+    overlapping CIs in both orders."""
+    ratios = [a["latency_ms"]["median"] / r["latency_ms"]["median"] for a, r in pairs]
+    orders = ", ".join(f"{x:.3f}" for x in ratios)
     order_noise = (max(ratios) - min(ratios)) / 2
-    overlap = all(a["latency_ms"]["ci_low"] <= r["latency_ms"]["ci_high"] for a, r in zip(aios, baselines[best]))
-    excess = row["aio"] / row["best_ms"] - 1
+    overlap = all(a["latency_ms"]["ci_low"] <= r["latency_ms"]["ci_high"] for a, r in pairs)
+    excess = combined_ratio - 1
     disagree = max(ratios) / min(ratios) > ORDERS_DISAGREE
     if disagree and max(ratios) > 1:
-        row["verdict"] = f"UNSTABLE (the orders disagree: {row['orders']})"
-    elif disagree:          # by how much is unsure, but not which is faster
-        row["verdict"] = f"PASS (faster in both orders, which disagree: {row['orders']})"
-    else:
-        row["verdict"] = ("PASS" if excess <= 0 else "PASS (within noise)" if overlap or excess <= order_noise
-                          else "FAIL")
-    return row
+        return f"UNSTABLE (the orders disagree: {orders})"
+    if disagree:            # by how much is unsure, but not which is faster
+        return f"PASS (faster in both orders, which disagree: {orders})"
+    return "PASS" if excess <= 0 else "PASS (within noise)" if overlap or excess <= order_noise else "FAIL"
 
 
 def _peak_share(runs, row, precision, threads) -> float | None:

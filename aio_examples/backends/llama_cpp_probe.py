@@ -39,6 +39,7 @@ from pathlib import Path
 
 from ..core.errors import UnsupportedError
 from ..core.paths import cache_dir, write_json_atomic
+from ..core.processes import signal_name
 from ..machine.environment import capture
 from .artifacts import key
 
@@ -116,12 +117,9 @@ class Probe:
     @property
     def signal(self) -> str | None:
         """The signal that killed it, when it came from inside (a crash)."""
-        if self.returncode is None or self.returncode >= 0 or -self.returncode in _OUTSIDE:
+        if self.returncode is None or -self.returncode in _OUTSIDE:
             return None
-        try:
-            return signal.Signals(-self.returncode).name
-        except ValueError:
-            return f"signal {-self.returncode}"
+        return signal_name(self.returncode)
 
     @property
     def ran(self) -> bool:

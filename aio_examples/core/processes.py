@@ -33,12 +33,7 @@ class Outcome:
     @property
     def signal_name(self) -> str | None:
         """The signal that killed it (SIGSEGV, SIGILL, SIGKILL: the OOM killer's too), if one did."""
-        if self.returncode is None or self.returncode >= 0:
-            return None
-        try:
-            return signal.Signals(-self.returncode).name
-        except ValueError:
-            return f"signal {-self.returncode}"
+        return signal_name(self.returncode)
 
     @property
     def reason(self) -> str:
@@ -50,6 +45,16 @@ class Outcome:
         else:
             head = f"exit code {self.returncode}"
         return head + (f"; last stderr: {last.strip()[:300]}" if last else "")
+
+
+def signal_name(returncode: int | None) -> str | None:
+    """The name of the signal a child's return code says killed it (subprocess: -N), or None."""
+    if returncode is None or returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
 
 
 class Isolated:
