@@ -253,7 +253,7 @@ class AioBackend(Backend):
         quick = key.get("tune") == "quick"
         prepared, refused, wrong = {}, {}, {}
         strategies = strategies_for(model, self.engines)
-        if quick:
+        if quick and ctx.time_passes is not None:         # untuned, the first strategy runs: the compiled graph
             strategies = tuple(sorted(strategies, key=lambda s: QUICK_ORDER.index(s) if s in QUICK_ORDER else -1))
         weights = held_bytes(model)
         # a generation's output check needs its own teacher-forced steps: its strategies are not checked here
