@@ -152,9 +152,9 @@ def do_run(model: str, args) -> int:
         for r in results:
             print(r.to_json())
     else:
-        first = results[0]
+        first = next((r for r in results if "threads_in_effect" in r.binding), results[0])   # one that ran
         print(f"\n{spec.name} ({spec.task}), input {first.input_shape}, weights: {first.weights}, "
-              f"threads: {first.binding['threads_in_effect']} ({choice.source})")
+              f"threads: {first.binding.get('threads_in_effect', choice.threads)} ({choice.source})")
         if compare:
             print("configurations were measured in interleaved rounds in a new order each round, "
                   "so machine drift affects all of them alike")
