@@ -135,12 +135,16 @@ TUNE_MODES = ("quick", "thorough")
 # `--tune thorough`; the engines that are cheapest to prepare and most often fastest go first.
 QUICK_BUDGET_S = 30.0
 QUICK_ORDER = ("openvino", "onnxruntime", "compiled")
+# The knob a quick tuning tries on the strategy it chose, within its own budget: inputs bound once instead of fed
+# on every pass, which small models notice (kept for mobilenet_v2 and efficientnet_b0 by thorough tunings here)
+QUICK_KNOBS = ("io_binding",)
+QUICK_KNOB_BUDGET_S = 20.0
 
 
 def tune_setting() -> str:
-    """`AIO_TUNE` (`--tune`): quick (the default: the strategies that fit QUICK_BUDGET_S, whole models with their
-    default settings, and the rows stage while the budget lasts; cached, and replaced by a thorough decision once
-    one exists) or thorough (every strategy, then the knob, rows and split stages)."""
+    """`AIO_TUNE` (`--tune`): quick (the default: the strategies that fit QUICK_BUDGET_S, whole models with the
+    QUICK_KNOBS tried on the choice, and the rows stage while the budget lasts; cached, and replaced by a thorough
+    decision once one exists) or thorough (every strategy, then the knob, rows and split stages)."""
     mode = os.environ.get("AIO_TUNE", "quick").strip()
     if mode not in TUNE_MODES:
         raise UsageError(f"AIO_TUNE={mode!r} is invalid; accepted: {' or '.join(TUNE_MODES)} (--tune)")
@@ -242,8 +246,8 @@ class AioBackend(Backend):
 
     def _tune(self, model, example_inputs, precision, threads, ctx, decision_file, key, progress) -> Prepared:
         """Prepare every strategy that can run, time them alike (with `ctx.time_passes`), keep the fastest. A
-        quick tuning (key["tune"]) prepares the strategies that fit its budget, cheapest first, and skips the knob
-        and split stages.
+        quick tuning (key["tune"]) prepares the strategies that fit its budget, cheapest first, tries only the
+        QUICK_KNOBS on its choice, and skips the split stage.
 
         Without `ctx.time_passes` (prepare called outside the runner) the first strategy that runs is taken,
         untuned, and nothing is cached."""
@@ -308,7 +312,7 @@ class AioBackend(Backend):
             tuning = {"not_tuned": "no timing function handed in", "refused": refused}
             logger.warning("aio: no timing function handed in (PrepareContext.time_passes): running %s untuned", best)
         else:
-            knobs = not quick and key.get("knobs_tuned") and best_has_knobs(prepared, model)
+            knobs = key.get("knobs_tuned") and best_has_knobs(prepared, model)
             splits = not quick and key.get("split_tuned") and may_split(prepared, model)
             rows = (key.get("rows_tuned") and not is_generation_step(model) and onnx_source(model) is None
                     and not (quick and time.monotonic() - started > QUICK_BUDGET_S))
@@ -329,8 +333,9 @@ class AioBackend(Backend):
             tuned = {}
             for name, c in finalists:
                 stages, m, cx = tuning if name == best else {}, model, ctx
-                if knobs and name in KNOBS:
-                    c = self._tune_knobs(name, c, m, weights, example_inputs, precision, threads, cx, checked, stages)
+                if knobs and name in KNOBS and (not quick or name == best):
+                    c = self._tune_knobs(name, c, m, weights, example_inputs, precision, threads, cx, checked, stages,
+                                         quick)
                 if rows and name in STRATEGIES:
                     m, cx, c = self._tune_rows(name, c, m, weights, example_inputs, precision, threads, cx, checked,
                                                stages)
@@ -459,20 +464,22 @@ class AioBackend(Backend):
         return p, one_pass, (ctx.check(output, precision) if checked else None)
 
     def _tune_knobs(self, strategy, chosen: tuple, model, weights: int, example_inputs, precision, threads, ctx,
-                    checked: bool, tuning: dict) -> tuple:
-        """Try each of the strategy's KNOBS on a preparation of its own, timed against the settings kept so far:
-        keep it when it wins beyond noise in quiet rounds. Returns the (prepared, pass) kept; fills
-        `tuning["knobs"]` (the settings kept) and `tuning["knob_trials"]` (each knob: what was timed, or why not),
-        and marks the decision not to be saved when a trial's rounds were not quiet."""
+                    checked: bool, tuning: dict, quick: bool = False) -> tuple:
+        """Try each of the strategy's KNOBS (a quick tuning: its QUICK_KNOBS, within QUICK_KNOB_BUDGET_S) on a
+        preparation of its own, timed against the settings kept so far: keep it when it wins beyond noise in quiet
+        rounds. Returns the (prepared, pass) kept; fills `tuning["knobs"]` (the settings kept) and
+        `tuning["knob_trials"]` (each knob: what was timed, or why not), and marks the decision not to be saved
+        when a trial's rounds were not quiet."""
         import gc
 
         import torch
 
-        budget = knob_settings()[1]
+        budget = QUICK_KNOB_BUDGET_S if quick else knob_settings()[1]
+        offered = [(n, v) for n, v in KNOBS[strategy] if not quick or n in QUICK_KNOBS]
         kept, trials, start = {}, {}, time.monotonic()
-        compiled_reasons = (_compiled_knob_reasons([n for n, _ in KNOBS[strategy]], model, example_inputs, precision)
+        compiled_reasons = (_compiled_knob_reasons([n for n, _ in offered], model, example_inputs, precision)
                             if strategy == "compiled" else {})
-        for name, value in KNOBS[strategy]:
+        for name, value in offered:
             trial = trials[name] = {"value": value}
             reason = (compiled_reasons[name] if strategy == "compiled"
                       else self.engines[strategy].knob_reason(name, precision))

@@ -92,7 +92,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the records as JSON lines instead of a table")
     p.add_argument("--tune", choices=("quick", "thorough"), default=None,
                    help="aio's tuning when nothing is cached for this model here: quick (default: about 30 s of "
-                        "preparing, the engines' defaults) or thorough (every strategy and its settings, minutes); "
+                        "preparing, one knob tried) or thorough (every strategy and its settings, minutes); "
                         "as AIO_TUNE")
     p.add_argument("--launcher", choices=LAUNCHERS, default=None,
                    help="process (default): each configuration is prepared and measured in a process of its own, "
