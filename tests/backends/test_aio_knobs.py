@@ -62,6 +62,20 @@ def test_each_knob_of_the_chosen_strategy_is_timed_and_kept_only_where_it_wins(k
     assert 0 < tuning["knob_tuning_s"] <= tuning["tuning_s"]
 
 
+def test_a_quick_tuning_tries_only_its_quick_knobs_on_its_choice(knobs_on, monkeypatch):
+    """The default tuning tries io_binding alone (a win here: the settings kept so far are handicapped), and says
+    it was quick; the knobs it left out are not in its trials."""
+    monkeypatch.setenv("AIO_TUNE", "quick")
+    monkeypatch.setattr(optimized, "STRATEGIES", ("onnxruntime", "openvino"))
+    handicap(monkeypatch)
+    r = run(3)
+    tuning = r.backend_info["tuning"]
+    assert r.status == "ok" and tuning["mode"] == "quick", r.reason
+    assert list(tuning["knob_trials"]) == list(optimized.QUICK_KNOBS)
+    assert tuning["knobs"] == {"io_binding": True} and r.strategy.split(" ")[0] == tuning["strategy"]
+    assert json.loads(Path(tuning["file"]).read_text())["mode"] == "quick"
+
+
 def test_a_knob_that_wins_is_kept_applied_and_reused_from_the_cache(knobs_on, monkeypatch):
     """With the defaults handicapped every knob trial wins: the first knob kept is applied to the next trial and
     to the run, and the decision cached with it is reused as it is."""
