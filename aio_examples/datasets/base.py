@@ -76,6 +76,13 @@ class Dataset:
         """What the record's accuracy block says about the data: kind, path, digest of the sample list."""
         return {"kind": self.name}
 
+    def protocol(self, spec, shape: dict) -> dict | None:
+        """Which reference evaluation the scoring follows for `spec` (the accuracy block's `protocol`):
+        `{"protocol": "reference", "follows": what, "shape": the inputs it scored at}`, with `timed_shape`
+        when the timed passes run at another shape than the protocol's (a fixed square for speed). None
+        when the dataset follows no published protocol."""
+        return None
+
 
 class LabelledDataset(Dataset):
     """A dataset of real samples on disk. Subclasses implement `_index` (the sample list, validated),

@@ -42,13 +42,16 @@ def score(dataset, spec, module, prepared, batch_size: int, shape: dict) -> Scor
     return Scored(evaluation.metrics(), evaluation.predictions(), samples, time.perf_counter() - start)
 
 
-def block(dataset, scored: Scored, reference: dict | None, predictions_file: Path | None) -> dict:
-    """The record's `accuracy` block; `reference` is eager fp32's metrics on the same samples."""
+def block(dataset, scored: Scored, reference: dict | None, predictions_file: Path | None,
+          protocol: dict | None = None) -> dict:
+    """The record's `accuracy` block; `reference` is eager fp32's metrics on the same samples, `protocol` the
+    reference evaluation the scoring followed (`Dataset.protocol`)."""
     delta = ({k: round(v - reference[k], 6) for k, v in scored.metrics.items() if k in reference}
              if reference is not None else None)
     return {"metrics": {k: round(v, 6) for k, v in scored.metrics.items()}, "samples": scored.samples,
             "dataset": dataset.describe(), "predictions": str(predictions_file) if predictions_file else None,
-            "reference": reference, "delta_vs_eager_fp32": delta, "seconds": round(scored.seconds, 2)}
+            "reference": reference, "delta_vs_eager_fp32": delta, "seconds": round(scored.seconds, 2),
+            **({"protocol": protocol} if protocol else {})}
 
 
 def verdict(accuracy: dict, precision: str) -> str | None:
@@ -112,4 +115,4 @@ class SampleSource:
         for index in sorted(answers):
             evaluation.add(Batch((), [self.dataset._target(self.dataset.samples[index])]), answers[index])
         scored = Scored(evaluation.metrics(), evaluation.predictions(), len(answers), 0.0)
-        return block(self.dataset, scored, self.reference, None)
+        return block(self.dataset, scored, self.reference, None, self.dataset.protocol(self.spec, self.shape))

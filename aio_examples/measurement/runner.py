@@ -401,7 +401,8 @@ def _accuracy(active: list[_Candidate], req: RunRequest, module, reference: accu
             r.status, r.reason = "failed", "scoring the dataset: " + _classify(exc)[1]
             continue
         saved = accuracy.save_predictions(out_dir, run_id, cand.backend, cand.precision, found.predictions)
-        r.accuracy = accuracy.block(req.dataset, found, reference.metrics, saved)
+        r.accuracy = accuracy.block(req.dataset, found, reference.metrics, saved,
+                                    req.dataset.protocol(req.spec, req.shape))
         why = accuracy.verdict(r.accuracy, cand.precision)
         if why and r.status == "ok":
             r.status, r.reason = "fail_accuracy", why
