@@ -1,14 +1,25 @@
 """SQuAD v1.1 question answering: the official JSON file (e.g. dev-v1.1.json), scored by its EM and F1.
 
-Samples are the file's questions in file order. Each is tokenized with its paragraph as one (question,
-context) pair of `--seq-len` tokens by the model folder's fast tokenizer; a context longer than that is
-truncated (there is no document stride), so an answer past the cut cannot be found and scores zero. The
-answer is the best-scoring span (start logit + end logit) of at most 30 tokens that starts no later than it
-ends and lies inside the context, mapped back to the context's characters through the tokenizer's offsets.
-Predictions are the `{question id: answer text}` file the official evaluate-v1.1.py rescores.
+Scoring follows Hugging Face's question-answering evaluation (transformers' examples/pytorch/question-answering:
+`prepare_validation_features` and `postprocess_qa_predictions`), the one fine-tuned SQuAD models report:
+
+- Each question (left-stripped) and its paragraph are tokenized as one pair of `--seq-len` tokens by the model
+  folder's fast tokenizer (question first, or last for a tokenizer padding on the left); a context longer than
+  that is cut into overlapping windows with a document stride of `--seq-len` // 3 tokens (the reference's 128 at
+  its `max_seq_length` of 384), so every part of it is read.
+- In each window, the spans pairing one of the 20 highest start logits with one of the 20 highest end logits
+  (n_best_size 20) that lie in the context, end no earlier than they start and are at most 30 tokens long
+  (max_answer_length 30) are candidates, scored by start logit + end logit; the question's answer is the best
+  candidate of all its windows (the first of equals, in window, start-rank and end-rank order), mapped back to
+  the context's characters through the tokenizer's offsets. Without a candidate the answer is "empty", as the
+  reference's is.
+
+Samples are the file's questions in file order when it is opened (`--num-samples` counts them, the digest names
+them); once the tokenizer is known they become the questions' windows, as the reference's (and MLPerf's BERT)
+features are: a batch holds `-b` windows, and a record's `samples` counts windows. Predictions are the
+`{question id: answer text}` file the official evaluate-v1.1.py rescores.
 """
 
-from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
@@ -19,7 +30,18 @@ from .base import Evaluation, LabelledDataset, read_json, tokenizer_of
 
 FORMAT = ("a SQuAD v1.1 JSON file: {'data': [{'paragraphs': [{'context', 'qas': [{'id', 'question', "
           "'answers': [{'text', 'answer_start'}]}]}]}]}")
-MAX_ANSWER_TOKENS = 30
+N_BEST = 20                     # the reference's n_best_size
+MAX_ANSWER_TOKENS = 30          # its max_answer_length
+REFERENCE_SHAPE = {"seq_len": 384, "doc_stride": 128}       # its max_seq_length and doc_stride
+REFERENCE = ("Hugging Face question answering (transformers examples/pytorch/question-answering: "
+             "prepare_validation_features, postprocess_qa_predictions with n_best_size 20, max_answer_length 30; "
+             "max_seq_length 384, doc_stride 128) and SQuAD v1.1's evaluate-v1.1.py (exact match, F1)")
+NO_ANSWER = "empty"             # the reference's answer when no span qualifies
+
+
+def doc_stride(seq_len: int) -> int:
+    """Tokens two consecutive windows of a context share: the reference's 128 of 384, in proportion."""
+    return seq_len * REFERENCE_SHAPE["doc_stride"] // REFERENCE_SHAPE["seq_len"]
 
 
 class Question(NamedTuple):
@@ -29,11 +51,26 @@ class Question(NamedTuple):
     answers: tuple
 
 
+class Window(NamedTuple):
+    """One window of a question's context, as the model reads it: its token rows (input_ids, attention_mask and,
+    when the tokenizer makes them, token_type_ids) and each token's context character span, (-1, -1) outside
+    the context."""
+
+    question: Question
+    encoding: dict
+    offsets: np.ndarray
+
+
 class Squad(LabelledDataset):
     name = "squad"
     tasks = ("question-answering",)
     path_kind = "a SQuAD v1.1 JSON file (e.g. dev-v1.1.json)"
     needs_tokenizer = True
+
+    def __init__(self, path, labels=None, num_samples=None):
+        super().__init__(path, labels, num_samples)
+        self.questions = self.samples
+        self._windowed = None           # (tokenizer, seq_len, windows) of the last tokenization
 
     def _index(self):
         if not self.path.is_file():
@@ -73,71 +110,123 @@ class Squad(LabelledDataset):
     def _describe_sample(self, sample):
         return [sample.qid, sample.question, list(sample.answers)]
 
-    def _inputs(self, spec, shape, module, samples):
-        tokenizer = tokenizer_of(self, module)
+    def batches(self, spec, batch_size, shape, module):
+        self.samples = self.windows(tokenizer_of(self, module), shape["seq_len"])
+        return super().batches(spec, batch_size, shape, module)
+
+    def windows(self, tokenizer, seq_len: int) -> list[Window]:
+        """Every question's windows of `seq_len` tokens, in question order (the reference's features)."""
+        if self._windowed is not None and self._windowed[0] is tokenizer and self._windowed[1] == seq_len:
+            return self._windowed[2]
         if not getattr(tokenizer, "is_fast", False):
             raise UsageError(f"dataset {self.name!r} needs a fast tokenizer (for character offsets); accepted: "
                              "--model-dir with a folder holding tokenizer.json")
-        seq_len = shape["seq_len"]
-        try:
-            enc = tokenizer([s.question.lstrip() for s in samples], [s.context for s in samples],
-                            truncation="only_second", padding="max_length", max_length=seq_len,
-                            return_offsets_mapping=True, return_tensors="pt")
-        except Exception:  # noqa: BLE001  (tokenizers raises a bare Exception when a question fills --seq-len)
-            longest = max(samples, key=lambda s: len(tokenizer(s.question)["input_ids"]))
-            raise UsageError(f"--seq-len {seq_len} leaves no room for the context of squad question "
-                             f"{longest.qid!r}; accepted: a --seq-len longer than its question") from None
-        # Each sample's token -> context character span; (-1, -1) for tokens outside the context.
-        self._offsets = {}
-        for row, sample in enumerate(samples):
-            in_context = np.array([sid == 1 for sid in enc.sequence_ids(row)])
-            offsets = enc["offset_mapping"][row].numpy().astype(np.int64)
+        questions = [q.question.lstrip() for q in self.questions]
+        contexts = [q.context for q in self.questions]
+        stride = doc_stride(seq_len)
+        self._check_room(tokenizer, questions, seq_len, stride)
+        question_first = tokenizer.padding_side == "right"
+        enc = tokenizer(questions if question_first else contexts, contexts if question_first else questions,
+                        truncation="only_second" if question_first else "only_first", max_length=seq_len,
+                        stride=stride, return_overflowing_tokens=True, return_offsets_mapping=True,
+                        padding="max_length")
+        rows = [name for name in ("input_ids", "attention_mask", "token_type_ids") if name in enc]
+        windows = []
+        for row, index in enumerate(enc["overflow_to_sample_mapping"]):
+            in_context = np.array([sid == (1 if question_first else 0) for sid in enc.sequence_ids(row)])
+            offsets = np.array(enc["offset_mapping"][row], dtype=np.int64)
             offsets[~in_context] = -1
-            self._offsets[sample.qid] = offsets
-        return module.encoded(enc)
+            windows.append(Window(self.questions[index], {name: np.array(enc[name][row]) for name in rows}, offsets))
+        self._windowed = (tokenizer, seq_len, windows)
+        return windows
+
+    def _check_room(self, tokenizer, questions: list[str], seq_len: int, stride: int) -> None:
+        """A window must hold more context tokens than two windows share (the tokenizer would panic)."""
+        lengths = [len(ids) for ids in tokenizer(questions, add_special_tokens=False)["input_ids"]]
+        room = seq_len - tokenizer.num_special_tokens_to_add(pair=True)
+        longest = int(np.argmax(lengths))
+        if room - lengths[longest] <= stride:
+            raise UsageError(f"--seq-len {seq_len} leaves {max(room - lengths[longest], 0)} context tokens beside "
+                             f"squad question {self.questions[longest].qid!r}, not more than the document stride of "
+                             f"{stride}; accepted: a --seq-len of at least "
+                             f"{_shortest_seq_len(seq_len - room + lengths[longest])}")
+
+    def _inputs(self, spec, shape, module, samples):
+        import torch
+
+        return module.encoded({name: torch.from_numpy(np.stack([w.encoding[name] for w in samples]))
+                               for name in samples[0].encoding})
 
     def _target(self, sample):
-        return (sample.qid, sample.context, self._offsets[sample.qid], sample.answers)
+        return (sample.question, sample.offsets)
 
     def evaluation(self, spec, module):
         return SquadEvaluation()
 
-
-@lru_cache(maxsize=4)
-def _short_spans(length: int) -> np.ndarray:
-    """(start, end) token pairs with start <= end < start + MAX_ANSWER_TOKENS."""
-    upper = np.triu(np.ones((length, length), dtype=bool))
-    return upper & ~np.triu(upper, MAX_ANSWER_TOKENS)
+    def protocol(self, spec, shape):
+        scored = {"seq_len": shape["seq_len"], "doc_stride": doc_stride(shape["seq_len"])}
+        return {"protocol": "reference", "follows": REFERENCE, "shape": scored,
+                **({"reference_shape": REFERENCE_SHAPE} if scored != REFERENCE_SHAPE else {})}
 
 
-def best_span(start_logits, end_logits, offsets) -> tuple[int, int] | None:
-    """The (start, end) token pair of the highest start + end logit among the spans of at most
-    MAX_ANSWER_TOKENS context tokens with start <= end; None when no token is in the context."""
-    length = len(start_logits)
+def _shortest_seq_len(fixed: int) -> int:
+    """The least seq_len whose room beside `fixed` tokens (question and special tokens) exceeds its stride."""
+    seq_len = fixed + 1
+    while seq_len - fixed <= doc_stride(seq_len):
+        seq_len += 1
+    return seq_len
+
+
+class Span(NamedTuple):
+    score: float
+    start: int                  # context characters [start, end)
+    end: int
+
+
+def best_span(start_logits, end_logits, offsets) -> tuple[Span | None, int]:
+    """One window's best candidate span as postprocess_qa_predictions ranks them, and how many candidates it
+    has: pairs of the N_BEST highest start and end logits (in argsort's order, which breaks ties as the reference
+    does), both in the context, at most MAX_ANSWER_TOKENS long, end not before start; the first of equal scores
+    in (start rank, end rank) order. Scores are summed in the logits' own dtype, as the reference sums them."""
+    start_logits, end_logits = np.asarray(start_logits), np.asarray(end_logits)
+    starts = np.argsort(start_logits)[-1:-N_BEST - 1:-1]
+    ends = np.argsort(end_logits)[-1:-N_BEST - 1:-1]
     in_context = offsets[:, 0] >= 0
-    allowed = _short_spans(length) & in_context[:, None] & in_context[None, :]
-    if not allowed.any():
-        return None
-    scores = np.where(allowed, np.add.outer(np.asarray(start_logits, np.float64), np.asarray(end_logits, np.float64)),
-                      -np.inf)
-    return divmod(int(np.argmax(scores)), length)
+    length = ends[None, :] - starts[:, None] + 1
+    valid = in_context[starts][:, None] & in_context[ends][None, :] & (length >= 1) & (length <= MAX_ANSWER_TOKENS)
+    count = int(valid.sum())
+    if not count:
+        return None, 0
+    scores = start_logits[starts][:, None] + end_logits[ends][None, :]
+    first, last = np.unravel_index(np.argmax(np.where(valid, scores, -np.inf)), scores.shape)
+    return Span(float(scores[first, last]), int(offsets[starts[first], 0]), int(offsets[ends[last], 1])), count
 
 
 class SquadEvaluation(Evaluation):
-    """Each question's best span as text, then SQuAD v1.1 exact match and F1 against its gold answers."""
+    """Each question's best span over its windows as text, then SQuAD v1.1 exact match and F1 against its gold
+    answers. Windows of a question arrive in order; each is reduced to its best candidate as it comes."""
 
     def __init__(self):
-        self.predicted, self.answers = {}, {}
+        self.questions, self.best, self.candidates = {}, {}, {}
 
     def add(self, batch, outputs):
         start_logits, end_logits = (np.asarray(o)[:batch.count] for o in outputs[:2])
-        for (qid, context, offsets, answers), start, end in zip(batch.targets, start_logits, end_logits, strict=True):
-            span = best_span(start, end, offsets)
-            self.predicted[qid] = context[offsets[span[0], 0]:offsets[span[1], 1]] if span else ""
-            self.answers[qid] = list(answers)
+        for (question, offsets), start, end in zip(batch.targets, start_logits, end_logits, strict=True):
+            span, count = best_span(start, end, offsets)
+            qid = question.qid
+            self.questions[qid] = question
+            self.candidates[qid] = self.candidates.get(qid, 0) + count
+            best = self.best.get(qid)
+            self.best[qid] = span if span is not None and (best is None or span.score > best.score) else best
 
     def metrics(self):
-        return metrics.squad(self.predicted, self.answers)
+        return metrics.squad(self.predictions(), {qid: list(q.answers) for qid, q in self.questions.items()})
 
     def predictions(self):
-        return dict(self.predicted)
+        return {qid: self._answer(qid) for qid in self.questions}
+
+    def _answer(self, qid) -> str:
+        span = self.best[qid]
+        text = self.questions[qid].context[span.start:span.end] if span else ""
+        # the reference puts "empty" first when no candidate qualifies, or the only one is an empty string
+        return NO_ANSWER if span is None or (self.candidates[qid] == 1 and not text) else text

@@ -14,7 +14,7 @@ from aio_examples.datasets.glue import Glue
 from aio_examples.datasets.masked_text import MaskedText
 from aio_examples.datasets.squad import MAX_ANSWER_TOKENS, Squad
 from aio_examples.models import get_model
-from aio_examples.models.nlp import EncoderModel, load_transformers
+from aio_examples.models.nlp import EncoderModel
 
 CONTEXTS = [
     "Paris is the capital and largest city of France. It lies on the river Seine.",
@@ -43,7 +43,6 @@ GLUE = ("sentence\tlabel\n"
         "a \"quoted\" story that is great\t1\n")
 SENTENCES = ["Paris is the capital of France.", "", "The river runs through the city.",
              "The film was great and moving.", "It covers much of Brazil."]
-SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
 def text_words():
@@ -54,26 +53,12 @@ def text_words():
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    """One local Hugging Face folder per head: tokenizer (vocab.txt) and a tiny BERT with random weights."""
-    tf = load_transformers()
-    root = tmp_path_factory.mktemp("tiny-bert")
-    vocab = SPECIALS + [w for w in text_words() if w not in SPECIALS]
-    vocab += [f"word{i}" for i in range(300 - len(vocab))]
-    (root / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    made = {}
-    for head, cls, extra in [("qa", tf.BertForQuestionAnswering, {}),
-                             ("classification", tf.BertForSequenceClassification, {"num_labels": 2}),
-                             ("mlm", tf.BertForMaskedLM, {})]:
-        torch.manual_seed(3)
-        config = tf.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                               intermediate_size=64, max_position_embeddings=128, **extra)
-        folder = root / head
-        cls(config).eval().save_pretrained(folder)
-        # `vocab=` (transformers 5 ignores `vocab_file=` and would build a tokenizer of the specials only)
-        tf.BertTokenizerFast(vocab=str(root / "vocab.txt")).save_pretrained(folder)
-        made[head] = folder
-    return made
+def folders(tiny_bert):
+    """One local Hugging Face folder per head (conftest.py): a tiny BERT with random weights and its tokenizer."""
+    words = text_words()
+    return {"qa": tiny_bert(words, "BertForQuestionAnswering"),
+            "classification": tiny_bert(words, "BertForSequenceClassification", num_labels=2),
+            "mlm": tiny_bert(words, "BertForMaskedLM")}
 
 
 @pytest.fixture()
@@ -135,8 +120,8 @@ def squad_batch(folders, squad_file, seq_len=48):
 
 def answer_tokens(batch, row, text):
     """The first and last token of `text` in the context of `row`, found through the offsets."""
-    _, context, offsets, _ = batch.targets[row]
-    start = context.index(text)
+    question, offsets = batch.targets[row]
+    start = question.context.index(text)
     tokens = [i for i, (s, e) in enumerate(offsets) if s >= 0 and s < start + len(text) and e > start]
     return tokens[0], tokens[-1]
 
@@ -161,7 +146,7 @@ def test_squad_spans_end_after_they_start_and_are_at_most_30_tokens(folders, tmp
     path.write_text(json.dumps({"data": [{"paragraphs": [{"context": long, "qas": [
         {"id": "x", "question": "river?", "answers": [{"text": "seine"}]}]}]}]}))
     ds, module, batch = squad_batch(folders, path, seq_len=64)
-    _, _, offsets, _ = batch.targets[0]
+    _, offsets = batch.targets[0]
     context = [i for i, (s, _) in enumerate(offsets) if s >= 0]
     first, last = context[0], context[-1]
     assert last - first + 1 == 41 > MAX_ANSWER_TOKENS
@@ -272,7 +257,8 @@ def test_every_kind_needs_a_tokenizer(folders, kind, squad_file, glue_file, text
 
 
 def test_squad_question_longer_than_seq_len_is_a_usage_error(folders, squad_file):
-    with pytest.raises(UsageError, match=r"^--seq-len 6 leaves no room for the context of squad question 'q\d'"):
+    with pytest.raises(UsageError, match=r"^--seq-len 6 leaves 0 context tokens beside squad question 'q\d', not "
+                                         r"more than the document stride of 2; accepted: a --seq-len of at least \d+$"):
         squad_batch(folders, squad_file, seq_len=6)
 
 
@@ -347,6 +333,7 @@ def test_each_kind_is_picked_by_its_variable_and_refused_for_another_task(squad_
 
 def test_squad_through_the_runner_gives_every_backend_the_segment_ids_and_eager_fp32s_scores(folders, squad_file,
                                                                                                tmp_path):
+    """At 24 tokens the contexts take two windows each: fixed-shape backends score them as eager does."""
     from aio_examples.machine.threads import ThreadChoice
     from aio_examples.measurement.runner import RunRequest, run
     from aio_examples.measurement.timing import StopRule
@@ -354,14 +341,17 @@ def test_squad_through_the_runner_gives_every_backend_the_segment_ids_and_eager_
     spec = get_model("bert_base")
     ds = open_dataset("squad", str(squad_file))
     module = spec.build(model_dir=str(folders["qa"]))
-    assert len(next(ds.batches(spec, 2, {"seq_len": 48}, module)).inputs) == 3      # ids, mask, segments
+    assert len(next(ds.batches(spec, 2, {"seq_len": 24}, module)).inputs) == 3      # ids, mask, segments
+    windows = len(ds.samples)
+    assert windows > len(ds.questions) == 4
     records = run(RunRequest(spec, ["eager", "onnxruntime", "openvino"], "fp32", 2, ThreadChoice(1, "--threads"),
-                             {"seq_len": 48}, model_dir=str(folders["qa"]), rule=StopRule(timeout_s=0.2), dataset=ds),
+                             {"seq_len": 24}, model_dir=str(folders["qa"]), rule=StopRule(timeout_s=0.2), dataset=ds),
                   tmp_path)
     for r in records:
         assert r.status == "ok", (r.backend, r.reason)
-        assert r.accuracy["samples"] == 4 and r.accuracy["delta_vs_eager_fp32"] == {"exact_match": 0.0, "f1": 0.0}
+        assert r.accuracy["samples"] == windows and r.accuracy["delta_vs_eager_fp32"] == {"exact_match": 0.0, "f1": 0.0}
         assert set(json.loads(Path(r.accuracy["predictions"]).read_text())) == {"q1", "q2", "q3", "q4"}
+        assert r.accuracy["protocol"]["shape"] == {"seq_len": 24, "doc_stride": 8}
 
 
 def test_a_text_dataset_without_a_model_folder_is_refused_before_building(squad_file):
