@@ -417,6 +417,12 @@ def do_loadgen(args) -> int:
     return 0 if all(r.status == "ok" for r in records) else 1
 
 
+def _absorbs(lg: dict) -> str:
+    """How many over-bound queries the run's query count allowed, in words."""
+    n = lg.get("absorbable_misses")
+    return "none: too few queries" if n is None else f"up to {n}"
+
+
 def _loadgen_line(r) -> str:
     sc = r.scenario
     what = f"{r.model} {r.backend}/{r.precision} b{r.batch_size} {r.instances}x{r.threads}"
@@ -424,7 +430,8 @@ def _loadgen_line(r) -> str:
         return f"{sc.get('scenario')} {what}: {r.status}: {r.reason}"
     lg = r.metrics.get("loadgen", {})
     if sc.get("key") == "loadgen-server-peak":
-        tried = ", ".join(f"{x['target_qps']:g}/s {x['validity']}" for x in lg["runs"])
+        tried = ", ".join(f"{x['target_qps']:g}/s {x['validity']}"
+                          + (f" ({len(x['tries'])} tries)" if len(x.get("tries", ())) > 1 else "") for x in lg["runs"])
         return (f"peak Server rate under {lg['latency_bound_ms']:g} ms (p99): {lg['peak_qps']:.2f} queries/s "
                 f"(Offline {lg['offline_qps']:.2f}/s; tried {tried})")
     lat, nan = lg.get("latency_ms", {}), float("nan")
@@ -440,7 +447,8 @@ def _loadgen_line(r) -> str:
                   f"{sc['tpot_ms']:g}), {lg.get('tokens_per_s') or 0:.1f} tokens/s")
     elif sc["scenario"] == "Server":
         figure = (f"{sc['target_qps']:g} queries/s offered, p99 {lat.get('p99', nan):.1f} ms "
-                  f"(bound {sc['latency_ms']:g} ms)")
+                  f"(bound {sc['latency_ms']:g} ms), {lg.get('overlatency_queries', '?')} of {lg.get('queries')} "
+                  f"queries over it (early stopping absorbs {_absorbs(lg)})")
     elif sc["scenario"] == "SingleStream":
         figure = f"p90 {lat.get('p90', nan):.2f} ms"
     else:

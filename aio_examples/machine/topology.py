@@ -166,6 +166,13 @@ class Topology:
                 return cpus[:size]
         return straddling
 
+    def spare_cpus(self, used: Iterable[int]) -> tuple[int, ...]:
+        """The allowed CPUs of the physical cores none of whose CPUs is in `used`: where a driver's own threads
+        (LoadGen's issuing and feeder threads) run without taking time from the instances (an SMT sibling of an
+        instance's CPU shares its core, so it is not spare)."""
+        busy = {self._core(c) for c in used}
+        return tuple(c for c in self.allowed_cpus if self._core(c) not in busy)
+
     def nodes_of(self, cpus: Iterable[int]) -> tuple[int, ...]:
         """NUMA nodes the given CPUs belong to, to record where a run's memory is likely to live."""
         return tuple(sorted({self._node(c) for c in cpus}))

@@ -331,3 +331,12 @@ def test_readers_agree_on_this_machine():
     assert sorted(lscpu.core_cpus) == sorted(sysfs.core_cpus)
     assert lscpu.node_cpus == sysfs.node_cpus
     assert (lscpu.physical_cores, lscpu.logical_cpus) == (sysfs.physical_cores, sysfs.logical_cpus)
+
+
+def test_spare_cpus_are_whole_cores_no_instance_touches():
+    # SERVER: 8 cores x 2 threads, cpu c and c + 8 siblings; two instances on cores 0-1 and 2-3
+    used = (0, 1, 2, 3)
+    assert SERVER.spare_cpus(used) == (4, 5, 6, 7, 12, 13, 14, 15)     # siblings 8-11 share the instances' cores
+    assert SERVER.spare_cpus(range(16)) == ()
+    assert CONTAINER.spare_cpus((2,)) == (3, 11)                         # only the allowed CPUs
+    assert VM.spare_cpus((0,)) == (1,)
