@@ -948,8 +948,15 @@ def _choose(prepared: dict, refused: dict, time_passes, threads: int, decision_f
         _save_decision(decision_file, decision)
     if "not_saved" in tuning:
         logger.warning("aio tuning: %s", tuning["not_saved"])
-    logger.info("aio tuning chose %s (%s)", best, ", ".join(f"{s} {v:.2f} ms" for s, v in medians.items()))
+    logger.info("aio tuning chose %s (%s)", best, _why_chosen(medians, refused))
     return best, tuning
+
+
+def _why_chosen(medians: dict, refused: dict) -> str:
+    """The timings a choice was made on, or that it was the only strategy left and why the others were."""
+    if medians:
+        return ", ".join(f"{s} {v:.2f} ms" for s, v in medians.items())
+    return "the only strategy prepared" + "".join(f"; {s}: {why}" for s, why in refused.items())
 
 
 PRIOR_IGNORES = ("versions", "strategies")     # what may differ between a prior decision's key and ours

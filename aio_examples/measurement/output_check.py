@@ -75,9 +75,16 @@ class Check:
                 "tolerance": tolerance}
 
 
-def check_outputs(task: str, reference, output, precision: str, judge_agreement: bool) -> Check:
-    """Compare `output` with the eager fp32 `reference` (both as returned by one pass)."""
+# How the messages name a reference (Check.reference)
+REFERENCE_WORDS = {"eager-fp32": "eager fp32", "onnxruntime-fp32-unoptimized": "ONNX Runtime fp32 (graph optimizations off)"}
+
+
+def check_outputs(task: str, reference, output, precision: str, judge_agreement: bool,
+                  reference_name: str = "eager-fp32") -> Check:
+    """Compare `output` with the `reference` outputs (both as returned by one pass) that `reference_name` ran:
+    eager fp32, or for a user's ONNX file ONNX Runtime fp32 with its graph optimizations off."""
     ref, out = flatten(reference), flatten(output)
+    who = REFERENCE_WORDS.get(reference_name, reference_name)
     metrics: dict = {}
     if task == "object-detection":
         agreement = _detection_agreement(ref, out)
@@ -88,14 +95,14 @@ def check_outputs(task: str, reference, output, precision: str, judge_agreement:
         metrics["judged"] = ["boxes_matched"] if judge_agreement else []
         share = agreement["boxes_matched"]
         ok = not judge_agreement or share is None or share >= AGREEMENT_MIN[precision]
-        return Check(precision, ok, None if ok else f"{share:.0%} of reference boxes matched "
-                     f"(tolerance {AGREEMENT_MIN[precision]:.0%} at {precision})", metrics)
+        return Check(precision, ok, None if ok else f"{share:.0%} of {who}'s boxes matched "
+                     f"(tolerance {AGREEMENT_MIN[precision]:.0%} at {precision})", metrics, reference_name)
     if is_generator(task) and len(out) == 1 < len(ref):
         ref = ref[:1]           # an engine that exposes no logits: its tokens against the reference's
     if not _same_shapes(ref, out):
         shapes = ([a.shape for a in ref], [a.shape for a in out])
-        return Check(precision, False, f"outputs differ in structure from eager fp32: {shapes[1]} vs {shapes[0]}",
-                     {"cosine": None})
+        return Check(precision, False, f"outputs differ in structure from {who}: {shapes[1]} vs {shapes[0]}",
+                     {"cosine": None}, reference_name)
     metrics.update(_numeric(ref, out))
     metrics["agreement"] = _task_agreement(task, ref, out)
     # an engine without logits gives tokens alone: no cosine to judge
@@ -106,17 +113,18 @@ def check_outputs(task: str, reference, output, precision: str, judge_agreement:
     if limit is not None:
         metrics["judged"].append("max_abs_err")
     if cosine is not None and cosine < COSINE_MIN[precision]:
-        return Check(precision, False, f"cosine similarity {cosine:.4f} with eager fp32 is below "
-                     f"{COSINE_MIN[precision]} (the {precision} tolerance)", metrics, abs_err_max=limit)
+        return Check(precision, False, f"cosine similarity {cosine:.4f} with {who} is below "
+                     f"{COSINE_MIN[precision]} (the {precision} tolerance)", metrics, reference_name, limit)
     if limit is not None and err is not None and err > limit:
-        return Check(precision, False, f"probabilities differ from eager fp32's by up to {err:.4f}, more than "
-                     f"{limit} (the {precision} tolerance)", metrics, abs_err_max=limit)
+        return Check(precision, False, f"probabilities differ from {who} by up to {err:.4f}, more than "
+                     f"{limit} (the {precision} tolerance)", metrics, reference_name, limit)
     if judge_agreement:
         for name, value in metrics["agreement"].items():
             if value is not None and value < AGREEMENT_MIN[precision]:
-                return Check(precision, False, f"{name} agreement {value:.0%} with eager fp32 is below "
-                             f"{AGREEMENT_MIN[precision]:.0%} (the {precision} tolerance)", metrics, abs_err_max=limit)
-    return Check(precision, True, None, metrics, abs_err_max=limit)
+                return Check(precision, False, f"{name} agreement {value:.0%} with {who} is below "
+                             f"{AGREEMENT_MIN[precision]:.0%} (the {precision} tolerance)", metrics, reference_name,
+                             limit)
+    return Check(precision, True, None, metrics, reference_name, limit)
 
 
 def _same_shapes(ref, out) -> bool:

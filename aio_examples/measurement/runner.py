@@ -357,10 +357,9 @@ def _check(cand: _Candidate, req: RunRequest, reference_output, weights: str) ->
 def _compare(req: RunRequest, reference_output, output, precision: str, weights: str):
     """The output check of `output` (as `spec.checked_output` gives it) against the reference's; agreement is
     judged only for real weights."""
-    check = check_outputs(req.spec.task, reference_output, output, precision,
-                          judge_agreement=not weights.startswith("random"))
-    check.reference = getattr(req.module, "reference", check.reference)
-    return check
+    return check_outputs(req.spec.task, reference_output, output, precision,
+                         judge_agreement=not weights.startswith("random"),
+                         reference_name=getattr(req.module, "reference", "eager-fp32"))
 
 
 def _reference_accuracy(req: RunRequest, module, inputs) -> accuracy.Scored | None:

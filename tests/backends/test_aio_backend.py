@@ -269,3 +269,18 @@ def test_bursts_of_other_work_during_tuning_do_not_change_its_choice(tmp_path, m
     assert sum(dropped for _, dropped in tuning["rounds_kept_dropped"].values()) > 0, tuning   # the bursts were seen
     assert tuning["strategy"] == quiet.backend_info["tuning"]["strategy"], (quiet.backend_info["tuning"], tuning)
     assert tuning["quiet"] and not tuning["cached"] and Path(tuning["file"]).exists()
+
+
+def test_a_choice_left_without_rivals_says_why(tmp_path, caplog):
+    import logging
+
+    from aio_examples.backends.optimized import _choose
+
+    refused = {"openvino": "not tried: about 3.0 GiB more memory needed"}
+    with caplog.at_level(logging.INFO, logger="aio_examples"):
+        best, tuning = _choose({"onnxruntime": (None, lambda: None)}, refused, None, 2, tmp_path / "d.json",
+                               {"model": "m", "precision": "fp32"}, save=False)
+    assert best == "onnxruntime" and tuning["refused"] == refused
+    said = [r.getMessage() for r in caplog.records if "tuning chose" in r.getMessage()]
+    assert said == ["aio tuning chose onnxruntime (the only strategy prepared; openvino: not tried: about 3.0 GiB "
+                    "more memory needed)"]

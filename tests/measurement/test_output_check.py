@@ -91,3 +91,12 @@ def test_a_run_that_disagrees_with_eager_fp32_is_fail_accuracy_not_a_speedup(tmp
     assert r.status == "fail_accuracy" and "cosine" in r.reason
     assert r.speedup_vs_eager_fp32 is None and r.latency_ms["n"] == 3
     assert r.check["passed"] is False and r.check["tolerance"]["cosine_min"] == COSINE_MIN["fp32"]
+
+
+def test_a_failed_check_names_the_reference_that_ran():
+    ref = logits(0)
+    noisy = ref + 0.05 * logits(1)
+    onnx = check_outputs("image-classification", ref, noisy, "fp32", False, reference_name="onnxruntime-fp32-unoptimized")
+    assert not onnx.passed and "ONNX Runtime fp32 (graph optimizations off)" in onnx.reason
+    assert "eager" not in onnx.reason and onnx.to_dict()["reference"] == "onnxruntime-fp32-unoptimized"
+    assert "eager fp32" in check_outputs("image-classification", ref, noisy, "fp32", False).reason
