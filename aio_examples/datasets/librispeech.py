@@ -7,17 +7,19 @@ wav) when it is installed, else .wav with the standard library's `wave` (PCM); m
 16 kHz with scipy's polyphase `resample_poly`, and made Whisper's log-mel features by the model (models/speech.py,
 WhisperFeatureExtractor: the first 30 s, silence after a shorter utterance).
 
-Each batch is transcribed through the prepared step (`drive`): the prompt prefilled, then `--new-tokens` tokens
-decoded greedily, as the timed passes do; each hypothesis stops at its first end of text and is decoded by the
-model folder's tokenizer. The metric is the word error rate over the whole set (jiwer: substitutions, deletions
-and insertions over the reference words) after Whisper's English text normalisation of both sides (transformers'
-EnglishTextNormalizer, with the folder's spelling map when it has one), as the Whisper paper scores LibriSpeech.
-Lower is better. Predictions: each utterance's id, its reference and the hypothesis as decoded.
+Scoring follows the Whisper model cards' LibriSpeech evaluation: each batch is transcribed through the prepared
+step (`drive`) as Whisper's greedy `generate` transcribes it, the prompt prefilled, then each next token the
+highest logit once the generation config's `suppress_tokens` (and, for the first token, its
+`begin_suppress_tokens`) are excluded, for `--new-tokens` tokens, each hypothesis ending at its first end of text
+and decoded by the model folder's tokenizer; then the word error rate over the whole set (jiwer: substitutions,
+deletions and insertions over the reference words) after Whisper's English text normalisation of both sides
+(transformers' EnglishTextNormalizer, with the spelling map of the folder's normalizer.json: a folder without one,
+such as a test's tiny tokenizer, is normalised without it, and the record's protocol says so). Lower is better.
+Predictions: each utterance's id, its reference and the hypothesis as decoded.
 """
 
 import importlib.util
 import math
-import re
 import wave
 from pathlib import Path
 from typing import NamedTuple
@@ -31,6 +33,9 @@ FORMAT = ("a LibriSpeech-style folder: SPEAKER/CHAPTER/SPEAKER-CHAPTER.trans.txt
           "'SPEAKER-CHAPTER-UTTERANCE TEXT', each utterance's .flac or .wav beside them")
 AUDIO_SUFFIXES = (".flac", ".wav")
 SAMPLING_RATE = 16000
+REFERENCE = ("Whisper's model-card LibriSpeech evaluation: greedy generate (the generation config's suppress_tokens "
+             "and begin_suppress_tokens applied) until end of text, both sides normalised by transformers' "
+             "EnglishTextNormalizer, jiwer's word error rate over the whole set")
 
 
 class Utterance(NamedTuple):
@@ -83,6 +88,7 @@ class LibriSpeech(LabelledDataset):
 
     def batches(self, spec, batch_size, shape, module):
         self.shape = shape          # drive decodes as many tokens as the timed passes
+        self.choose = getattr(module, "next_token", None)           # as the model's generate picks them
         return super().batches(spec, batch_size, shape, module)
 
     def _inputs(self, spec, shape, module, samples):
@@ -96,18 +102,29 @@ class LibriSpeech(LabelledDataset):
 
     def drive(self, step, inputs):
         """A batch transcribed through the prepared step: the prompt (the last input, the features before it)
-        prefilled, then `--new-tokens` tokens decoded greedily (models/nlp.py: GreedyGeneration)."""
+        prefilled, then `--new-tokens` tokens decoded greedily as Whisper's generate picks them
+        (models/nlp.py: GreedyGeneration; models/speech.py: WhisperStep.next_token)."""
         import torch
 
         from ..models.nlp import GreedyGeneration
 
         with torch.no_grad():
-            tokens, _ = GreedyGeneration(step, inputs[-1], self.shape["new_tokens"], context=inputs[:-1])()
+            tokens, _ = GreedyGeneration(step, inputs[-1], self.shape["new_tokens"], context=inputs[:-1],
+                                         choose=self.choose)()
         return [tokens.numpy()]
 
     def evaluation(self, spec, module):
         tokenizer = tokenizer_of(self, module)
+        self.spelling_map = bool(spelling_map(tokenizer))
         return WordErrorRate(tokenizer.decode, tokenizer.eos_token_id, normaliser(tokenizer))
+
+    def protocol(self, spec, shape):
+        found = getattr(self, "spelling_map", None)         # known once an evaluation has seen the tokenizer
+        spelling = {True: "with the model folder's spelling map (normalizer.json)",
+                    False: "without a spelling map: the model folder has no normalizer.json, so British and American "
+                           "spellings of a word count as different words"}.get(found)
+        return {"protocol": "reference", "follows": REFERENCE, "shape": {"new_tokens": shape["new_tokens"]},
+                **({"normaliser": f"EnglishTextNormalizer {spelling}"} if spelling else {})}
 
 
 def check_audio(path: Path) -> None:
@@ -175,22 +192,21 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
 
 
+def spelling_map(tokenizer) -> dict:
+    """The British-to-American spelling map a Whisper tokenizer reads from its folder's normalizer.json ({} without)."""
+    return getattr(tokenizer, "english_spelling_normalizer", None) or {}
+
+
 def normaliser(tokenizer=None):
     """Whisper's English text normalisation (transformers' EnglishTextNormalizer: lower case, punctuation and
-    filler words removed, numbers and British spellings standardised), with the tokenizer's spelling map when it
-    has one; lower case without punctuation when transformers has none."""
+    filler words removed, numbers and spellings standardised, the spellings by the tokenizer's map when it has one),
+    as the Whisper tokenizer's `normalize` applies it."""
     from ..models.nlp import load_transformers
 
     load_transformers()
-    try:
-        from transformers.models.whisper.english_normalizer import EnglishTextNormalizer
-    except ImportError:
-        return basic_normalise
-    return EnglishTextNormalizer(getattr(tokenizer, "english_spelling_normalizer", None) or {})
+    from transformers.models.whisper.english_normalizer import EnglishTextNormalizer
 
-
-def basic_normalise(text: str) -> str:
-    return " ".join(re.sub(r"[^\w\s']", " ", text.lower()).replace("'", "").split())
+    return EnglishTextNormalizer(spelling_map(tokenizer))
 
 
 def word_error_rate(references: list[str], hypotheses: list[str]) -> float:

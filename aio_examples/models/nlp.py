@@ -192,12 +192,15 @@ class GreedyGeneration:
 
     The step is called `step(*context, tokens, cache, positions)`. `context` holds the inputs only the prefill
     takes, before the prompt (an encoder-decoder's: Whisper's log-mel features, whose encoder then runs inside
-    the prefill and so inside TTFT); decode steps get None in their place. A causal LM has none.
+    the prefill and so inside TTFT); decode steps get None in their place. A causal LM has none. `choose(logits,
+    generated)` picks each row's next token from a step's logits after `generated` tokens (by default the
+    highest logit; scoring Whisper, the choice of its `generate`: WhisperStep.next_token).
     """
 
     def __init__(self, step, prompt: torch.Tensor, new_tokens: int, weight_bytes: int | None = None,
-                 context: tuple = ()):
+                 context: tuple = (), choose=None):
         self.step, self.prompt, self.new_tokens = step, prompt, new_tokens
+        self.choose = choose or (lambda logits, generated: logits.argmax(-1))
         self.context, self._no_context = tuple(context), (None,) * len(context)
         self.prompt_positions = torch.arange(prompt.shape[1])
         self.pass_metrics: dict = {}
@@ -220,12 +223,12 @@ class GreedyGeneration:
         prompt_len = self.prompt.shape[1]
         cache = self.step.new_cache(prompt_len + self.new_tokens)
         first_logits = self._prefill(cache)
-        tokens = [first_logits.argmax(-1)]
+        tokens = [self.choose(first_logits, 0)]
         stamps = [time.perf_counter_ns()]
         if self.on_first_token is not None:
             self.on_first_token()
         for i in range(self.new_tokens - 1):
-            tokens.append(self._decode(tokens[-1][:, None], cache, prompt_len + i).argmax(-1))
+            tokens.append(self.choose(self._decode(tokens[-1][:, None], cache, prompt_len + i), i + 1))
             stamps.append(time.perf_counter_ns())
         self.pass_metrics = {"ttft": stamps[0] - start, "itl": [b - a for a, b in itertools.pairwise(stamps)],
                              "compiles": graphs_compiled() - compiled}

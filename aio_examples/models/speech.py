@@ -58,6 +58,21 @@ class WhisperStep(Seq2SeqStep):
     def __init__(self, model: nn.Module, tokenizer=None, feature_extractor=None):
         super().__init__(model, tokenizer, decoder_prompt(model, tokenizer))
         self.feature_extractor = feature_extractor
+        generation, vocab = getattr(model, "generation_config", None), model.config.vocab_size
+
+        def ids(name):
+            return tuple(i for i in getattr(generation, name, None) or () if 0 <= i < vocab)
+
+        self.suppressed, self.suppressed_first = ids("suppress_tokens"), ids("begin_suppress_tokens")
+
+    def next_token(self, logits: torch.Tensor, generated: int) -> torch.Tensor:
+        """Each row's next token as Whisper's greedy `generate` picks it: the highest logit once the generation
+        config's suppress_tokens are set to -inf, and, for the first token (`generated` 0), its
+        begin_suppress_tokens too (end of text and the bare space: a transcript does not start empty)."""
+        banned = self.suppressed + self.suppressed_first if generated == 0 else self.suppressed
+        if banned:
+            logits = logits.index_fill(-1, torch.tensor(banned, device=logits.device), float("-inf"))
+        return logits.argmax(-1)
 
     @property
     def frames(self) -> int:

@@ -1,6 +1,6 @@
 """The librispeech dataset: a LibriSpeech-style folder of real .wav files written here, a real tiny Whisper folder
-(a byte-level tokenizer with Whisper's special tokens, random weights) loaded as `--model-dir` loads it, word error
-rates of known transcripts, and malformed folders refused in one line."""
+(tiny_folders.py) loaded as `--model-dir` loads it, word error rates of known transcripts, and malformed folders
+refused in one line."""
 
 import json
 import wave
@@ -17,9 +17,10 @@ from aio_examples.machine.threads import ThreadChoice
 from aio_examples.measurement.runner import RunRequest, run
 from aio_examples.measurement.timing import StopRule
 from aio_examples.models import get_model
-from aio_examples.models.nlp import load_transformers
+from aio_examples.models.speech import PROMPT_TOKENS
 
-SPECIALS = ["<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"]
+pytest_plugins = ["tiny_folders"]          # the tiny model folders' fixtures
+
 TRANSCRIPTS = {
     "1089/134686": {"1089-134686-0000": "HE HOPED THERE WOULD BE STEW FOR DINNER",
                     "1089-134686-0001": "STUFF IT INTO YOU HIS BELLY COUNSELLED HIM"},
@@ -61,30 +62,6 @@ def librispeech(tmp_path):
     return root
 
 
-@pytest.fixture(scope="module")
-def whisper_folder(tmp_path_factory):
-    """A local Whisper folder: config, random weights, a byte-level BPE tokenizer (the 256 bytes, end of text and
-    the start-of-transcript tokens; no merges) and a default feature extractor."""
-    import torch
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    tf = load_transformers()
-    folder = tmp_path_factory.mktemp("tiny-whisper")
-    tokenizer = tf.WhisperTokenizer(vocab={c: i for i, c in enumerate(bytes_to_unicode().values())}, merges=[])
-    tokenizer.add_special_tokens({"additional_special_tokens": SPECIALS})
-    torch.manual_seed(5)
-    config = tf.WhisperConfig(vocab_size=len(tokenizer), d_model=32, encoder_layers=1, decoder_layers=1,
-                              encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
-                              decoder_ffn_dim=64, max_source_positions=100, max_target_positions=64,
-                              decoder_start_token_id=tokenizer.convert_tokens_to_ids(SPECIALS[0]),
-                              bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
-                              pad_token_id=tokenizer.eos_token_id)
-    tf.WhisperForConditionalGeneration(config).eval().save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    tf.WhisperFeatureExtractor().save_pretrained(folder)
-    return folder
-
-
 def test_whisper_folder_transcribes_the_dataset_and_every_backend_gets_a_word_error_rate(librispeech, whisper_folder,
                                                                                         tmp_path):
     spec = get_model("whisper_tiny")
@@ -98,6 +75,8 @@ def test_whisper_folder_transcribes_the_dataset_and_every_backend_gets_a_word_er
     assert accuracy["samples"] == 3 and accuracy["metrics"]["wer"] >= 0.5       # random weights: mostly wrong
     assert accuracy["delta_vs_eager_fp32"] == {"wer": 0.0}
     assert accuracy["dataset"]["kind"] == "librispeech" and len(accuracy["dataset"]["digest"]) == 16
+    assert accuracy["protocol"]["shape"] == {"new_tokens": 6}        # the tiny folder has no spelling map:
+    assert accuracy["protocol"]["normaliser"].startswith("EnglishTextNormalizer without a spelling map")
     predictions = json.loads(Path(accuracy["predictions"]).read_text())
     assert [p["reference"] for p in predictions] == [t for lines in TRANSCRIPTS.values() for t in lines.values()]
     assert all(isinstance(p["hypothesis"], str) for p in predictions)
@@ -107,7 +86,7 @@ def test_word_error_rate_of_known_tokens_stops_at_end_of_text_and_normalises(lib
     spec = get_model("whisper_tiny")
     module = spec.build(model_dir=str(whisper_folder))
     tokenizer = module.tokenizer
-    assert module.prompt_ids == tokenizer.convert_tokens_to_ids(SPECIALS)
+    assert module.prompt_ids == tokenizer.convert_tokens_to_ids(list(PROMPT_TOKENS))
     evaluation = open_dataset("librispeech", str(librispeech)).evaluation(spec, module)
 
     def tokens(*texts):

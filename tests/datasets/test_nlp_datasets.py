@@ -16,6 +16,8 @@ from aio_examples.datasets.squad import MAX_ANSWER_TOKENS, Squad
 from aio_examples.models import get_model
 from aio_examples.models.nlp import EncoderModel
 
+pytest_plugins = ["tiny_folders"]          # the tiny model folders' fixtures
+
 CONTEXTS = [
     "Paris is the capital and largest city of France. It lies on the river Seine.",
     "The Amazon is the largest rainforest in the world. It covers much of Brazil and Peru.",
@@ -54,7 +56,7 @@ def text_words():
 
 @pytest.fixture(scope="module")
 def folders(tiny_bert):
-    """One local Hugging Face folder per head (conftest.py): a tiny BERT with random weights and its tokenizer."""
+    """One local Hugging Face folder per head (tiny_folders.py): a tiny BERT with random weights and its tokenizer."""
     words = text_words()
     return {"qa": tiny_bert(words, "BertForQuestionAnswering"),
             "classification": tiny_bert(words, "BertForSequenceClassification", num_labels=2),

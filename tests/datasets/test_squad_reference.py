@@ -17,6 +17,8 @@ from aio_examples.datasets.squad import NO_ANSWER, doc_stride
 from aio_examples.models import get_model
 from aio_examples.models.nlp import load_transformers
 
+pytest_plugins = ["tiny_folders"]          # the tiny model folders' fixtures
+
 SEQ_LEN = 48
 PARAGRAPHS = [
     (("The river Seine flows through Paris . It rises near Dijon and runs north west to the sea at Le Havre . "
