@@ -1,6 +1,7 @@
-"""Task metrics with the field's reference definitions: top-k, COCO mAP (pycocotools), SQuAD v1.1 EM/F1.
+"""Task metrics with the field's reference definitions: top-k, COCO mAP (pycocotools), SQuAD v1.1 EM/F1, GLUE's
+per-task metrics (scikit-learn and scipy, as `evaluate`'s glue metric computes them).
 
-Every metric is a fraction in [0, 1]; reports show points (x100).
+Every metric is a fraction in [0, 1] (a correlation in [-1, 1]); reports show points (x100).
 """
 
 import collections
@@ -26,6 +27,32 @@ def top_k(best: np.ndarray, labels, ks=(1, 5)) -> dict:
 def accuracy(predicted, labels) -> dict:
     predicted, labels = np.asarray(predicted), np.asarray(labels)
     return {"accuracy": float((predicted == labels).mean())}
+
+
+GLUE_TASKS = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli")
+
+
+def glue(task: str | None, predicted, labels) -> dict:
+    """GLUE's metrics of `task` as `evaluate`'s glue metric computes them: Matthews correlation for CoLA, Pearson
+    and Spearman correlations for STS-B (a regression: `predicted` holds scores), accuracy and binary F1 for
+    MRPC and QQP, accuracy for the others (and for no task). Constant predictions have no correlation: 0, as
+    scikit-learn's Matthews correlation gives, where scipy's would be NaN."""
+    if task == "cola":
+        from sklearn.metrics import matthews_corrcoef
+
+        return {"matthews_correlation": float(matthews_corrcoef(labels, predicted))}
+    if task == "stsb":
+        from scipy.stats import pearsonr, spearmanr
+
+        predicted, labels = np.asarray(predicted, np.float64), np.asarray(labels, np.float64)
+        if len(labels) < 2 or np.ptp(predicted) == 0 or np.ptp(labels) == 0:
+            return {"pearson": 0.0, "spearmanr": 0.0}
+        return {"pearson": float(pearsonr(predicted, labels)[0]), "spearmanr": float(spearmanr(predicted, labels)[0])}
+    if task in ("mrpc", "qqp"):
+        from sklearn.metrics import f1_score
+
+        return {**accuracy(predicted, labels), "f1": float(f1_score(labels, predicted))}
+    return accuracy(predicted, labels)
 
 
 def coco_detection(ground_truth, results: list[dict], image_ids: list[int]) -> dict:
