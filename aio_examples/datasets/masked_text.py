@@ -1,4 +1,5 @@
-"""Masked-token prediction on plain text: one sentence per line, scored by masked-token top-1 and top-5.
+"""Masked-token prediction on plain text: one sentence per line, scored by masked-token top-1 and top-5 accuracy,
+the tokens at the mask ranked by their logits as transformers' fill-mask pipeline ranks them.
 
 The file is UTF-8 text; each non-empty line is one sample. It is tokenized to `--seq-len` tokens (longer
 lines truncated) and one token is masked deterministically, with no randomness: the middle one of its
@@ -57,6 +58,11 @@ class MaskedText(LabelledDataset):
 
     def evaluation(self, spec, module):
         return MaskedTopK(mask_tokenizer(self, module))
+
+    def protocol(self, spec, shape):
+        return {"protocol": "reference", "follows": "fill-mask top-1 and top-5 accuracy: the tokens ranked at the mask "
+                "as transformers' fill-mask pipeline ranks them (its top_k 5); one mask a line, at its middle word "
+                "piece (this dataset's deterministic choice)", "shape": {"seq_len": shape["seq_len"]}}
 
 
 def mask_tokenizer(dataset, module):
