@@ -40,8 +40,7 @@ def main() -> int:
     inputs = spec.example_inputs(args.batch_size, shape, module)
     req = RunRequest(spec, ["eager"], "fp32", args.batch_size, choice, shape,
                      rule=StopRule(timeout_s=args.round_s), module=module, example_inputs=inputs)
-    one_pass = spec.make_pass(get_backend("eager").prepare(module, inputs, "fp32", choice.threads), shape)
-    timer = tb.Timer("one_pass()", globals={"one_pass": one_pass}, num_threads=choice.threads)
+    one_pass = eager_pass(spec, module, inputs, "fp32", choice.threads, shape)
 
     harness_ms, timer_ms = [], []
 
@@ -51,10 +50,9 @@ def main() -> int:
         return f"harness {r.median_ms:7.2f} ms (n={r.latency_ms['n']:3d})"
 
     def timer_round() -> str:
-        with torch.no_grad():
-            m = timer.adaptive_autorange(min_run_time=args.round_s, max_run_time=args.round_s)
-        timer_ms.extend(t * 1e3 for t in m.times)
-        return f"adaptive_autorange {m.median * 1e3:7.2f} ms (n={len(m.times):3d})"
+        times = autorange_ms(one_pass, choice.threads, args.round_s)
+        timer_ms.extend(times)
+        return f"adaptive_autorange {statistics.median(times):7.2f} ms (n={len(times):3d})"
 
     start = time.perf_counter()
     for i in range(args.rounds):
@@ -68,6 +66,19 @@ def main() -> int:
           f"harness median {h:.2f} ms (n={len(harness_ms)}), adaptive_autorange median {t:.2f} ms "
           f"(n={len(timer_ms)}), ratio {ratio:.3f} -> {'PASS' if ok else 'FAIL'} (tolerance {args.tolerance:.0%})")
     return 0 if ok else 1
+
+
+def eager_pass(spec, module, inputs, precision: str, threads: int, shape: dict):
+    """The pass the harness times on its eager backend at `precision` (the module is cast in place)."""
+    return spec.make_pass(get_backend("eager").prepare(module, inputs, precision, threads, None), shape)
+
+
+def autorange_ms(one_pass, threads: int, seconds: float) -> list[float]:
+    """torch.utils.benchmark's adaptive_autorange over about `seconds` of `one_pass`: its times, ms per pass."""
+    timer = tb.Timer("one_pass()", globals={"one_pass": one_pass}, num_threads=threads)
+    with torch.no_grad():
+        m = timer.adaptive_autorange(min_run_time=seconds, max_run_time=seconds)
+    return [t * 1e3 for t in m.times]
 
 
 if __name__ == "__main__":

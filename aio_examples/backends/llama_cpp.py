@@ -38,15 +38,17 @@ class LlamaCppBackend(EngineBackend):
             raise UnsupportedError(decided.reason)
         path, info = gguf_file(model, precision, ctx.model_name, ctx.weights_id)
         seq_len, new_tokens = example_inputs[-1].shape[1], ctx.shape["new_tokens"]
+        n_batch = max(seq_len, 8)           # the whole prompt in one batch
         start = time.perf_counter()
         try:
-            llm = load(path, decided.extra_buffer_types, n_ctx=seq_len + new_tokens, n_batch=max(seq_len, 8),
-                       n_ubatch=max(seq_len, 8), n_threads=threads, n_threads_batch=threads, use_mmap=True,
-                       logits_all=False, verbose=False)
+            llm = load(path, decided.extra_buffer_types, n_ctx=seq_len + new_tokens, n_batch=n_batch,
+                       n_ubatch=n_batch, n_threads=threads, n_threads_batch=threads, use_mmap=True,
+                       logits_all=False, flash_attn=False, verbose=False)
         except ValueError as exc:            # llama-cpp-python's "Failed to load model from file"
             raise UnsupportedError(f"llama.cpp could not load the GGUF file: {exc}") from None
         info.update(load_s=round(time.perf_counter() - start, 2), n_threads=threads, n_threads_batch=threads,
-                    n_ctx=seq_len + new_tokens, kv_cache=KV_CACHE_TYPE, mmap=True, **decided.info())
+                    n_ctx=seq_len + new_tokens, n_batch=n_batch, n_ubatch=n_batch, flash_attn=False,
+                    kv_cache=KV_CACHE_TYPE, mmap=True, **decided.info())
         config = model.model.config
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         kv = 2 * config.num_hidden_layers * (seq_len + new_tokens) * config.num_key_value_heads * head_dim * 2
