@@ -134,9 +134,10 @@ class Squad(LabelledDataset):
         windows = []
         for row, index in enumerate(enc["overflow_to_sample_mapping"]):
             in_context = np.array([sid == (1 if question_first else 0) for sid in enc.sequence_ids(row)])
-            offsets = np.array(enc["offset_mapping"][row], dtype=np.int64)
-            offsets[~in_context] = -1
-            windows.append(Window(self.questions[index], {name: np.array(enc[name][row]) for name in rows}, offsets))
+            offsets = np.array(enc["offset_mapping"][row], dtype=np.int32)      # int32: every window of a
+            offsets[~in_context] = -1                                           # whole dev set is held
+            windows.append(Window(self.questions[index], {name: np.array(enc[name][row], dtype=np.int32)
+                                                          for name in rows}, offsets))
         self._windowed = (tokenizer, seq_len, windows)
         return windows
 
@@ -154,7 +155,7 @@ class Squad(LabelledDataset):
     def _inputs(self, spec, shape, module, samples):
         import torch
 
-        return module.encoded({name: torch.from_numpy(np.stack([w.encoding[name] for w in samples]))
+        return module.encoded({name: torch.from_numpy(np.stack([w.encoding[name] for w in samples]).astype(np.int64))
                                for name in samples[0].encoding})
 
     def _target(self, sample):
