@@ -282,5 +282,5 @@ def test_a_choice_left_without_rivals_says_why(tmp_path, caplog):
                                {"model": "m", "precision": "fp32"}, save=False)
     assert best == "onnxruntime" and tuning["refused"] == refused
     said = [r.getMessage() for r in caplog.records if "tuning chose" in r.getMessage()]
-    assert said == ["aio tuning chose onnxruntime (the only strategy prepared; openvino: not tried: about 3.0 GiB "
-                    "more memory needed)"]
+    why = "openvino: not tried: about 3.0 GiB more memory needed"
+    assert said == [f"aio tuning chose onnxruntime (the only strategy prepared; {why})"]
