@@ -228,6 +228,10 @@ def llama_bench() -> tuple[Path, dict]:
             if not where or Path(where[1]).parent.resolve() != installed.resolve():
                 raise ToolError(f"llama-bench would load {lib} from {where[1] if where else 'nowhere'}, "
                                 f"not from the installed llama-cpp-python ({installed})")
+    built = json.loads((folder / "build.json").read_text())
+    print(f"llama-bench of llama-cpp-python {built['llama_cpp_python']} ({folder}), on its libllama and libggml "
+          f"({installed}), built with {', '.join(f'{k}={v}' for k, v in built['ggml_cpu_options'].items() if v == 'ON')}",
+          flush=True)
     return folder, env
 
 
