@@ -9,33 +9,17 @@ import subprocess
 from pathlib import Path
 
 from . import allocators
+from .cpuinfo import read_cpu
 from .topology import read_topology
 
 ENV_PREFIXES = ("AIO_", "OMP_", "DNNL_", "ONEDNN_", "MKL_", "KMP_", "OPENBLAS_", "GOMP_")
 ENV_NAMES = ("LD_PRELOAD", "MALLOC_CONF", "GLIBC_TUNABLES", "THP_MEM_ALLOC_ENABLE", "LRU_CACHE_CAPACITY")
-ISA_PREFIXES = ("avx2", "avx512", "amx", "avx_vnni", "fma", "sve", "asimd", "bf16", "i8mm")
 # What the machine a sweep runs on offers, as its driver saw it before binding a point to some of its cores
 # (a container or a Ray node restricted to fewer CPUs than the host has is a smaller machine), and the
 # user's name for its kind (a Ray node's `machine` label, e.g. an instance type): set by the sweep drivers.
 MACHINE_CPUS_ENV = "AIO_MACHINE_CPUS"
 MACHINE_TYPE_ENV = "AIO_MACHINE_TYPE"
 PACKAGES = ("torch", "torchvision", "transformers", "numpy", "onnxruntime", "openvino", "ultralytics")
-
-
-def _cpuinfo() -> tuple[str, list[str]]:
-    model, flags = platform.processor() or platform.machine(), []
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return model, flags
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        key = key.strip()
-        if key in ("model name", "Model name") and model in ("", platform.machine(), platform.processor()):
-            model = value.strip()
-        elif key in ("flags", "Features") and not flags:
-            flags = value.split()
-    return model, flags
 
 
 def _version(pkg: str) -> str | None:
@@ -60,11 +44,13 @@ def git_commit(path: Path = _PROJECT_ROOT) -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def _static() -> dict:
-    model, flags = _cpuinfo()
+    cpu = read_cpu()
     topo = read_topology()
+    arm = {k: cpu[k] for k in ("cpu_id", "sve_vector_bits", "sme_vector_bits") if k in cpu}
     return {
-        "cpu_model": model,
-        "isa": sorted(f for f in flags if f.startswith(ISA_PREFIXES)),
+        "cpu_model": cpu["name"],
+        "isa": cpu["isa"],
+        **arm,
         "arch": platform.machine(),
         "logical_cpus": os.cpu_count(),
         "physical_cores_available": topo.physical_cores,
