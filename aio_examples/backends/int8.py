@@ -10,7 +10,7 @@ Two schemes, chosen by `is_conv_net` (do convolutions or Linear layers do most o
   Dynamo cannot trace those modules' packed weights (it breaks the graph at each one), so inductor
   takes the PT2E flow instead (`pt2e_int8(..., dynamic=True)`).
 - Conv nets take *static* int8: activation scales come from calibration batches. That is the PT2E
-  flow (`torch.export`, torchao's X86InductorQuantizer, calibrate, convert): the converted graph is
+  flow (`torch.export`, torchao's inductor quantizer for the CPU, calibrate, convert): the converted graph is
   quantize/dequantize around fp32 ops, and only inductor's lowering turns it into oneDNN int8
   convolutions. Run as it is, it would be fp32 work labelled int8, so no backend without that
   lowering may run it (`eager_int8` refuses conv nets).
@@ -33,6 +33,7 @@ ROWWISE_TABLES = "int8-dynamic-linear+rowwise-embedding-bags"   # and 8-bit row-
 PT2E_STATIC = "int8-pt2e-static"          # PT2E, calibrated activation scales, lowered by inductor
 PT2E_DYNAMIC = "int8-pt2e-dynamic"        # PT2E, per-call activation scales, lowered by inductor
 CALIBRATION_BATCHES = 8
+NEEDS_TORCHAO = "int8 through inductor needs torchao's PT2E quantizer ({exc}); pip install torchao"
 STATIC_NEEDS_INDUCTOR = ("static int8 for conv nets runs through inductor lowering; "
                          "use --backend inductor or aio")
 GENERATION_STEP = ("int8 PT2E captures one fixed graph, but a generation step takes a KV cache that it "
@@ -230,15 +231,50 @@ def eager_int8(model, example_inputs: tuple):
 
 
 def _import_pt2e():
-    """torchao's PT2E entry points (importing the quantizer also registers inductor's int8 lowering)."""
+    """torchao's PT2E entry points (importing a quantizer also registers inductor's int8 lowering)."""
     try:
         with _quiet_torchao():
             from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-            from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as xiq
     except ImportError as exc:
-        raise UnsupportedError(f"int8 through inductor needs torchao's PT2E quantizer ({exc}); "
-                               "pip install torchao") from None
-    return prepare_pt2e, convert_pt2e, xiq
+        raise UnsupportedError(NEEDS_TORCHAO.format(exc=exc)) from None
+    return prepare_pt2e, convert_pt2e
+
+
+def pt2e_quantizer(dynamic: bool, machine: str | None = None):
+    """The PT2E quantizer for the CPU `machine` names (`platform.machine()`, this one, by default), set up for
+    static or dynamic int8: (quantizer, info for the record).
+
+    aarch64 takes torchao's ArmInductorQuantizer: signed int8 activations, which the int8 kernels of
+    oneDNN with the Arm Compute Library take. Every other machine takes X86InductorQuantizer: unsigned
+    activations for oneDNN's x86 int8 kernels, 7 of their 8 bits where the CPU has no VNNI.
+    """
+    import platform
+
+    import torch
+
+    from ..machine.cpuinfo import ARM_MACHINES
+
+    machine = machine or platform.machine()
+    try:
+        with _quiet_torchao():
+            if machine in ARM_MACHINES:
+                from torchao.quantization.pt2e.quantizer import arm_inductor_quantizer as aiq
+
+                quantizer, extra = aiq.ArmInductorQuantizer(), {}
+                config = aiq.get_default_arm_inductor_quantization_config(is_dynamic=dynamic)
+            else:
+                from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as xiq
+
+                extra = {"reduce_range": not _has_vnni()}
+                quantizer = xiq.X86InductorQuantizer()
+                config = xiq.get_default_x86_inductor_quantization_config(is_dynamic=dynamic, **extra)
+    except ImportError as exc:
+        raise UnsupportedError(NEEDS_TORCHAO.format(exc=exc)) from None
+    # Dynamic int8 is for the linears; left global, the quantizer also annotates other ops, some of them on
+    # integer tensors (roberta's position ids), which dynamic quantization cannot take.
+    quantizer = quantizer.set_module_type_qconfig(torch.nn.Linear, config) if dynamic else quantizer.set_global(config)
+    return quantizer, {"quantizer": f"torchao {type(quantizer).__name__} ({'dynamic' if dynamic else 'static'})",
+                       "quantizer_for": machine, **extra}
 
 
 def _export(model, example_inputs):
@@ -264,8 +300,10 @@ def _export(model, example_inputs):
     raise UnsupportedError(f"int8 PT2E needs a torch.export graph of the model; export failed ({'; '.join(errors)})")
 
 
-def pt2e_int8(model, example_inputs: tuple, calibration: list[tuple] | None = None, dynamic: bool = False):
-    """Quantize `model` with PT2E and torchao's X86InductorQuantizer: returns (graph module, info).
+def pt2e_int8(model, example_inputs: tuple, calibration: list[tuple] | None = None, dynamic: bool = False,
+              machine: str | None = None):
+    """Quantize `model` with PT2E and the quantizer for this CPU (`pt2e_quantizer`; `machine` names another, as
+    `platform.machine()` would): returns (graph module, info).
 
     `dynamic` quantizes activations per call (no calibration; one pass observes the weights);
     otherwise activation scales come from `calibration` (input tuples; the example inputs when None).
@@ -274,18 +312,14 @@ def pt2e_int8(model, example_inputs: tuple, calibration: list[tuple] | None = No
     """
     import torch
 
-    prepare_pt2e, convert_pt2e, xiq = _import_pt2e()
+    prepare_pt2e, convert_pt2e = _import_pt2e()
+    quantizer, info = pt2e_quantizer(dynamic, machine)
+    name = type(quantizer).__name__
     graph, capture = _export(model, example_inputs)
-    reduce_range = not _has_vnni()
-    config = xiq.get_default_x86_inductor_quantization_config(is_dynamic=dynamic, reduce_range=reduce_range)
-    # Dynamic int8 is for the linears; left global, the quantizer also annotates other ops, some of them on
-    # integer tensors (roberta's position ids), which dynamic quantization cannot take.
-    quantizer = xiq.X86InductorQuantizer()
-    quantizer = quantizer.set_module_type_qconfig(torch.nn.Linear, config) if dynamic else quantizer.set_global(config)
     try:
         prepared = prepare_pt2e(graph, quantizer)
     except ValueError as exc:   # the quantizer's pattern matching rejects some graphs
-        raise UnsupportedError(f"X86InductorQuantizer could not annotate the graph: {exc}") from None
+        raise UnsupportedError(f"{name} could not annotate the graph: {exc}") from None
     batches = [example_inputs] if dynamic or calibration is None else list(calibration)
     with torch.no_grad():
         for batch in batches:
@@ -294,9 +328,8 @@ def pt2e_int8(model, example_inputs: tuple, calibration: list[tuple] | None = No
     ops = Counter(str(n.target).split(".")[1] for n in converted.graph.nodes
                   if n.op == "call_function" and str(n.target).startswith("quantized_decomposed."))
     if not ops:
-        raise UnsupportedError("X86InductorQuantizer found nothing to quantize in the model")
-    info = {"quantizer": f"torchao X86InductorQuantizer ({'dynamic' if dynamic else 'static'})",
-            "export": capture, "reduce_range": reduce_range, "qdq_ops": dict(ops)}
+        raise UnsupportedError(f"{name} found nothing to quantize in the model")
+    info.update({"export": capture, "qdq_ops": dict(ops)})
     if not dynamic:
         info["calibration_batches"] = len(batches)
     return converted, info
