@@ -376,14 +376,15 @@ def do_loadgen(args) -> int:
                          "none; accepted: --dataset KIND:PATH (or the kind's environment variable, docs/datasets.md)")
     run_flags = {"dataset": args.dataset, "labels": args.labels, "num_samples": args.num_samples,
                  "weights": args.weights, "model_dir": args.model_dir}
-    cores = read_topology().physical_cores
+    topology = read_topology()
+    cores = topology.physical_cores
     if args.instances == "auto":
         if not args.find_peak:
             raise UsageError("--instances auto searches the layout with the highest valid Server rate; accepted: "
                              "--instances auto with --scenario Server --find-peak")
         if args.threads_per_instance:
             raise UsageError("--instances auto tries every layout of the cores; accepted: no --threads-per-instance")
-        layouts = [(n, cores // n) for n in range(1, cores + 1) if cores % n == 0]
+        layouts = topology.instance_layouts()
     else:
         layouts = [(args.instances, args.threads_per_instance or max(1, cores // args.instances))]
     out = check_output_dir(args.output)

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..core.errors import UsageError
 from .threads import thread_env
-from .topology import Topology
+from .topology import Topology, format_cpu_list
 
 BINDING_ENV = "AIO_BINDING"
 
@@ -25,10 +25,6 @@ def _switch(environ, name: str) -> bool:
     if value not in ("0", "1"):
         raise UsageError(f"{name}={value!r} is invalid; accepted: 0 (off) or 1 (on, the default)")
     return value == "1"
-
-
-def _cpu_list(cpus) -> str:
-    return ",".join(str(c) for c in cpus)
 
 
 @dataclass
@@ -44,9 +40,9 @@ class Binding:
         """The command prefix that applies the binding (numactl), or nothing."""
         if self.method != "numactl":
             return []
-        argv = ["numactl", f"--physcpubind={_cpu_list(self.cores)}"]
+        argv = ["numactl", f"--physcpubind={format_cpu_list(self.cores)}"]
         if self.membind:
-            argv.append(f"--membind={_cpu_list(self.membind)}")
+            argv.append(f"--membind={format_cpu_list(self.membind)}")
         return argv
 
     def child_env(self, threads: int) -> dict:
@@ -100,8 +96,8 @@ def probe(binding: Binding) -> Binding:
             result = Binding("sched_setaffinity", binding.cores, None,
                              [*binding.warnings, f"numactl refused the binding ({err}): used sched_setaffinity"])
     if result.method == "sched_setaffinity" and not set(result.cores) <= os.sched_getaffinity(0):
-        outside = (f"cores {_cpu_list(result.cores)} are outside this process's CPUs "
-                   f"{_cpu_list(sorted(os.sched_getaffinity(0)))}: not bound")
+        outside = (f"cores {format_cpu_list(result.cores)} are outside this process's CPUs "
+                   f"{format_cpu_list(sorted(os.sched_getaffinity(0)))}: not bound")
         result = Binding("none", result.cores, None, [*result.warnings, outside])
     _probed[key] = result
     return _copy(result, [])

@@ -122,11 +122,17 @@ class Topology:
 
     def disjoint_cpu_sets(self, instances: int, threads_per_instance: int,
                           numa_cpus: Sequence[int] | None = None) -> tuple[tuple[int, ...], ...]:
-        """`instances` disjoint CPU sets of `threads_per_instance` CPUs, so concurrent instances do not share cores.
+        """`instances` disjoint CPU sets of `threads_per_instance` CPUs, laid out as one would by hand:
 
-        Together they are the CPUs `pick_cpus(instances * threads_per_instance)` would take (physical cores before
-        siblings). Without `numa_cpus`, a set that would straddle NUMA nodes is moved into one node when a node still
-        has enough of those CPUs on as many physical cores; with `numa_cpus`, the user's order is split in runs.
+        * no two instances share a physical core. When every thread gets a core of its own, an instance takes
+          `threads_per_instance` cores; when the threads need SMT siblings, each instance takes an equal share
+          of the whole cores, its threads one per core first, then on the siblings;
+        * an instance stays within one NUMA node: the first node (in `core_cpus` order) that still has the
+          cores it needs, else the next free cores (an instance larger than a node spans whole nodes).
+
+        Only where whole cores cannot go round (3 instances x 5 threads on 8 cores x 2 threads) do instances
+        share cores: then the sets are runs of `pick_cpus`' order. With `numa_cpus`, the user's order is split
+        in runs.
         """
         if instances < 1 or threads_per_instance < 1:
             raise UsageError(f"instances={instances}, threads per instance={threads_per_instance} is invalid; "
@@ -144,27 +150,61 @@ class Topology:
             raise UsageError(f"{shape} but only {len(order)} are available to this process "
                              f"(CPUs {format_cpu_list(self.allowed_cpus)}); accepted: instances x threads <= "
                              f"{len(order)}")
-        remaining = list(order[:total])
+        cores = self.core_cpus
+        if total <= len(cores):
+            sets = self._core_shares(instances, threads_per_instance, threads_per_instance, [c[:1] for c in cores])
+        else:
+            sets = self._core_shares(instances, threads_per_instance, len(cores) // instances, list(cores))
+        if sets is not None:
+            return sets
+        return tuple(order[i * threads_per_instance:(i + 1) * threads_per_instance] for i in range(instances))
+
+    def _core_shares(self, instances: int, threads: int, cores_each: int,
+                     usable: list[tuple[int, ...]]) -> tuple[tuple[int, ...], ...] | None:
+        """`cores_each` whole cores per instance (of `usable`, each core's CPUs an instance may use), placed in
+        one NUMA node where one has them free; None when they do not go round or hold too few CPUs."""
+        if cores_each < 1:
+            return None
+        free = list(range(len(usable)))
         sets = []
         for _ in range(instances):
-            chosen = remaining[:threads_per_instance]
-            if len(self.nodes_of(chosen)) > 1:
-                chosen = self._one_node_alternative(remaining, threads_per_instance, chosen)
-            sets.append(tuple(chosen))
-            remaining = [c for c in remaining if c not in chosen]
+            by_node: dict[int, list[int]] = {}
+            for i in free:
+                by_node.setdefault(self._node(usable[i][0]), []).append(i)
+            chosen = next((idx[:cores_each] for idx in by_node.values() if len(idx) >= cores_each), free[:cores_each])
+            groups = [usable[i] for i in chosen]
+            cpus = [g[k] for k in range(max((len(g) for g in groups), default=0)) for g in groups if k < len(g)]
+            if len(chosen) < cores_each or len(cpus) < threads:
+                return None
+            sets.append(tuple(sorted(cpus[:threads])))
+            taken = set(chosen)
+            free = [i for i in free if i not in taken]
         return tuple(sets)
 
-    def _one_node_alternative(self, remaining: list[int], size: int, straddling: list[int]) -> list[int]:
-        """`size` CPUs of `remaining` within one NUMA node, unless that costs physical cores (an instance on SMT
-        siblings loses more than one reaching across nodes)."""
-        cores = len({self._core(c) for c in straddling})
-        by_node: dict[int, list[int]] = {}
-        for cpu in remaining:
-            by_node.setdefault(self._node(cpu), []).append(cpu)
-        for cpus in by_node.values():
-            if len(cpus) >= size and len({self._core(c) for c in cpus[:size]}) >= cores:
-                return cpus[:size]
-        return straddling
+    def instance_layouts(self) -> list[tuple[int, int]]:
+        """The (instances, threads per instance) layouts worth trying on the physical cores (`--instances
+        auto`), fewest instances first: one thread per core and every core used, instance sizes halving from the
+        whole machine and from a NUMA node (192 cores: 192, 96, 48, ..., 3, seven layouts rather than the 14
+        divisors), each kept when its instances lie within one node or span whole nodes."""
+        cores = self.physical_cores
+        node_cores = {node: {self._core(c) for c in cpus} for node, cpus in self.node_cpus.items()}
+        sizes: set[int] = set()
+        for top in (cores, min(len(v) for v in node_cores.values())):
+            while top >= 1:
+                sizes.add(top)
+                if top % 2:
+                    break
+                top //= 2
+        layouts = {(1, cores)}
+        for size in sizes:
+            if cores % size:
+                continue
+            sets = self.disjoint_cpu_sets(cores // size, size)
+            if all(len(self.nodes_of(s)) == 1
+                   or {self._core(c) for c in s} == set().union(*(node_cores[n] for n in self.nodes_of(s)))
+                   for s in sets):
+                layouts.add((cores // size, size))
+        return sorted(layouts)
 
     def spare_cpus(self, used: Iterable[int]) -> tuple[int, ...]:
         """The allowed CPUs of the physical cores none of whose CPUs is in `used`: where a driver's own threads

@@ -183,7 +183,8 @@ def test_pick_cpus_with_adjacent_siblings():
     topo = from_lscpu("# CPU,Core,Socket,Node\n0,0,0,0\n1,0,0,0\n2,1,0,0\n3,1,0,0\n4,2,0,0\n5,2,0,0\n")
     assert topo.pick_cpus(3) == (0, 2, 4)
     assert topo.pick_cpus(5) == (0, 2, 4, 1, 3)
-    assert topo.disjoint_cpu_sets(2, 2) == ((0, 2), (4, 1))
+    # 4 threads on 3 cores: SMT siblings are needed, so each instance takes a whole core of its own
+    assert topo.disjoint_cpu_sets(2, 2) == ((0, 1), (2, 3))
 
 
 def test_pick_cpus_in_container():
@@ -232,16 +233,26 @@ def test_disjoint_sets_2x1_and_2x4_on_server():
     assert len({SERVER.core_of[c] for c in flat}) == 8       # no two CPUs of one core: physical cores first
 
 
-def test_disjoint_sets_avoid_straddling_nodes_when_cores_allow():
-    # 3x3: the second set would be 3,4,5 (nodes 0 and 1); 4,5,6 keeps it on node 1 with as many cores.
-    assert SERVER.disjoint_cpu_sets(3, 3) == ((0, 1, 2), (4, 5, 6), (3, 7, 8))
-    # 2x6: staying on one node would put siblings in a set, so both sets straddle instead.
-    assert SERVER.disjoint_cpu_sets(2, 6) == ((0, 1, 2, 3, 4, 5), (6, 7, 8, 9, 10, 11))
+def test_disjoint_sets_never_share_a_core_between_instances():
+    # 3x3 = 9 threads on 8 cores: siblings are needed; each instance takes 2 whole cores (8 // 3) in one node,
+    # its threads one per core first, rather than 3,7,8 (two nodes, and 8 on instance 0's core 0)
+    assert SERVER.disjoint_cpu_sets(3, 3) == ((0, 1, 8), (2, 3, 10), (4, 5, 12))
+    # 2x6: a socket each (4 cores, 6 of their 8 CPUs), not 6-11 (siblings of the first instance's cores)
+    assert SERVER.disjoint_cpu_sets(2, 6) == ((0, 1, 2, 3, 8, 9), (4, 5, 6, 7, 12, 13))
+    # 3x5: 2 whole cores hold 4 CPUs, too few: only then do instances share cores, in pick_cpus' order
+    assert SERVER.disjoint_cpu_sets(3, 5) == ((0, 1, 2, 3, 4), (5, 6, 7, 8, 9), (10, 11, 12, 13, 14))
+
+
+def test_disjoint_sets_stay_within_a_node_that_has_room():
+    # 2 nodes x 4 cores, no SMT: 2x3's second set would be 3,4,5 (both nodes); node 1 has 3 free cores
+    eight = from_lscpu("# CPU,Core,Socket,Node\n" + "".join(f"{c},{c},{c // 4},{c // 4}\n" for c in range(8)))
+    assert eight.disjoint_cpu_sets(2, 3) == ((0, 1, 2), (4, 5, 6))
+    assert eight.disjoint_cpu_sets(1, 6) == ((0, 1, 2, 3, 4, 5),)       # larger than a node: the next free cores
 
 
 def test_disjoint_sets_with_numa_cpus_and_in_container():
     assert SERVER.disjoint_cpu_sets(2, 2, parse_numa_cpus("8-11")) == ((8, 9), (10, 11))
-    assert CONTAINER.disjoint_cpu_sets(2, 2) == ((2, 3), (10, 11))
+    assert CONTAINER.disjoint_cpu_sets(2, 2) == ((2, 10), (3, 11))      # a core each, not a sibling of each core
 
 
 @pytest.mark.parametrize("topo, instances, threads, cpus, words", [
