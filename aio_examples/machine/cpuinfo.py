@@ -4,9 +4,10 @@ x86 names itself in /proc/cpuinfo's `model name`. arm64 does not: each processor
 and `CPU part` (the MIDR_EL1 fields) and a `Features` line, so the core is decoded here with the ids of the
 Linux kernel's arch/arm64/include/asm/cputype.h. A cloud's own name for its chip (AWS Graviton) is not in the
 MIDR: it comes from the platform's firmware (SMBIOS system vendor, or the SoC name the SMCCC SOC_ID call
-gives, /sys/bus/soc/devices/soc0/machine). The SVE vector length decides which kernels run (256-bit SVE on
-Neoverse V1, 128-bit on V2) and is not in /proc/cpuinfo at all: prctl(PR_SVE_GET_VL) gives this process's,
-/proc/sys/abi/sve_default_vector_length the one new processes start with.
+gives, /sys/bus/soc/devices/soc0/machine). The SVE vector length differs between cores that all say `sve`, and
+kernels are chosen by it (llama.cpp's KleidiAI SVE kernels run at one length only); it is not in /proc/cpuinfo
+at all: prctl(PR_SVE_GET_VL) gives this process's, /proc/sys/abi/sve_default_vector_length the one new
+processes start with.
 
 The parsers take canned text so tests can describe machines that are not here.
 """
@@ -27,7 +28,7 @@ ARM_CORES = {
     (0x41, 0xD0C): "Neoverse N1",         # AWS Graviton2, Ampere Altra and Altra Max
     (0x41, 0xD40): "Neoverse V1",         # AWS Graviton3
     (0x41, 0xD49): "Neoverse N2",         # also Microsoft Azure Cobalt 100
-    (0x41, 0xD4F): "Neoverse V2",         # AWS Graviton4, NVIDIA Grace
+    (0x41, 0xD4F): "Neoverse V2",         # AWS Graviton4
     (0x41, 0xD83): "Neoverse V3AE",
     (0x41, 0xD84): "Neoverse V3",
     (0x41, 0xD8E): "Neoverse N3",

@@ -13,7 +13,8 @@ from .cpuinfo import read_cpu
 from .topology import read_topology
 
 ENV_PREFIXES = ("AIO_", "OMP_", "DNNL_", "ONEDNN_", "MKL_", "KMP_", "OPENBLAS_", "GOMP_")
-ENV_NAMES = ("LD_PRELOAD", "MALLOC_CONF", "GLIBC_TUNABLES", "THP_MEM_ALLOC_ENABLE", "LRU_CACHE_CAPACITY")
+ENV_NAMES = ("LD_PRELOAD", "MALLOC_CONF", "GLIBC_TUNABLES", "THP_MEM_ALLOC_ENABLE", "LRU_CACHE_CAPACITY",
+             "TORCH_MKLDNN_MATMUL_MIN_DIM")
 # What the machine a sweep runs on offers, as its driver saw it before binding a point to some of its cores
 # (a container or a Ray node restricted to fewer CPUs than the host has is a smaller machine), and the
 # user's name for its kind (a Ray node's `machine` label, e.g. an instance type): set by the sweep drivers.
