@@ -47,6 +47,9 @@ def _like(new, ref):
 
 # The optimized backend's knob (optimized.py KNOBS) keeping a runtime's inputs bound between passes
 IO_BINDING = "io_binding"
+# Prepared.info's entry of an engine that sets fp32's fast-math mode itself: its setting as read back from it
+# (the runner moves it into the record's `fpmath`; without it, torch's settings are read)
+FPMATH_READ_BACK = "fpmath_read_back"
 
 
 def bound_pass(bind, infer):
@@ -101,6 +104,10 @@ class PrepareContext:
     # against eager fp32 that a record of it would get, or None: a backend choosing among strategies keeps none
     # whose outputs are wrong. The runner's (measurement/output_check.py); None: not checked.
     check: Callable[[Any, str], str | None] | None = None
+    # fp32's fast-math mode (core/precision.FPMATH_MODES): torch's is set for the whole process by the runner
+    # (machine/fpmath.py); an engine with a setting of its own (OpenVINO's inference precision, ONNX Runtime's
+    # session options) sets it, and reads it back into `info[FPMATH_READ_BACK]`
+    fpmath: str = "strict"
 
     def calibration_inputs(self, example_inputs: tuple, n: int = 8) -> list[tuple]:
         """Input tuples for static int8 calibration (the example inputs when nothing better is known)."""
@@ -115,6 +122,8 @@ class Backend:
     # Copies of its working weights a prepared configuration holds: compiling with freezing keeps folded or
     # repacked constants beside the module's own (inductor, aio), a runtime keeps its session's.
     copies_held: float = 1.0
+    # fp32's fast-math modes it runs (core/precision.FPMATH_MODES): strict, and what its engine can set
+    fpmath_modes: tuple = ("strict",)
 
     def unavailable_reason(self) -> str | None:
         """Why this backend cannot run on this installation at all (None when it can)."""
@@ -130,6 +139,12 @@ class Backend:
 
             return INT4_ONLY_GENERATION
         return spec.unsupported_backends.get(self.name)
+
+    def fpmath_reason(self, mode: str) -> str | None:
+        """Why this backend cannot run fp32 in fast-math `mode` (None when it can)."""
+        if mode in self.fpmath_modes:
+            return None
+        return f"{self.name} has no {mode} fast math for fp32 (it runs {', '.join(self.fpmath_modes)})"
 
     def memory_estimate(self, weight_bytes: int, precision: str, generator: bool) -> float:
         """Bytes a configuration prepared here holds, from the built model's fp32 `weight_bytes`: its working

@@ -1,6 +1,7 @@
 """PyTorch eager mode: the reference every speedup is measured against."""
 
 from ..core import precision as prec
+from ..machine.fpmath import TORCH_MODES
 from . import int8 as quantize
 from .base import Backend, Prepared
 
@@ -8,6 +9,7 @@ from .base import Backend, Prepared
 class EagerBackend(Backend):
     name = "eager"
     description = "PyTorch eager mode"
+    fpmath_modes = TORCH_MODES            # set for the process by the runner (machine/fpmath.py)
 
     def prepare(self, model, example_inputs, precision, threads, ctx):
         if precision in ("int8", "int4") and quantize.is_generation_step(model):

@@ -1,6 +1,7 @@
 """torch.compile with inductor, freezing on, threads fixed at compile time."""
 
 from ..core import precision as prec
+from ..machine.fpmath import TORCH_MODES
 from . import int8 as quantize
 from .base import Backend, Prepared
 from .generation import CompiledDecode, generation_weights
@@ -10,6 +11,7 @@ class InductorBackend(Backend):
     name = "inductor"
     description = "torch.compile(backend='inductor') with freezing"
     copies_held = 2.0
+    fpmath_modes = TORCH_MODES            # set for the process by the runner (machine/fpmath.py)
 
     def prepare(self, model, example_inputs, precision, threads, ctx):
         import torch

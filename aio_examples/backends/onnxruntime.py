@@ -21,7 +21,7 @@ from pathlib import Path
 from ..core.errors import UnsupportedError, short_error
 from ..core.log import logger
 from .artifacts import digests, intact, key
-from .base import IO_BINDING, Backend, Prepared, bound_pass
+from .base import FPMATH_READ_BACK, IO_BINDING, Backend, Prepared, bound_pass
 from .exports import PROTOBUF_LIMIT, atomic_files, export_onnx, input_names
 
 GENERATION_REASON = ("text generation steps a mutable static KV cache held by the torch model; "
@@ -32,6 +32,9 @@ _HEAVY_OPS = {"Conv", "ConvTranspose", "FusedConv", "MatMul", "FusedMatMul", "Ge
               "MultiHeadAttention", "QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger",
               "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm", "QAttention"}
 _TYPE_NAMES = {"fp16": "float16", "bf16": "bfloat16"}    # as ORT's profiler names element types
+# fp32's bf16 fast math: MLAS's fp32 GEMMs on bf16 operands, a session option of ORT's aarch64 builds only
+FASTMATH_ARM64 = "mlas.enable_gemm_fastmath_arm64_bfloat16"
+ARM64 = ("aarch64", "arm64")
 
 
 class OnnxRuntimeBackend(Backend):
@@ -48,12 +51,26 @@ class OnnxRuntimeBackend(Backend):
 
         return GENERATION_REASON if is_generator(spec.task) else super().unsupported_reason(spec, precision)
 
+    @property
+    def fpmath_modes(self):
+        return ("strict", "bf16") if platform.machine().lower() in ARM64 else ("strict",)
+
+    def fpmath_reason(self, mode):
+        if mode in self.fpmath_modes:
+            return None
+        where = "aarch64" if mode == "bf16" else "no CPU"
+        return (f"ONNX Runtime has no {mode} fast math for fp32 on {platform.machine()} (its GEMMs' bf16 fast math, "
+                f"the session option {FASTMATH_ARM64}, is for {where})")
+
     def prepare(self, model, example_inputs, precision, threads, ctx):
         from ..core import precision as prec
         from ..models.base import is_generator
 
         if is_generator(ctx.task):
             raise UnsupportedError(GENERATION_REASON)
+        fpmath = ctx.fpmath if precision == "fp32" else "strict"
+        if self.fpmath_reason(fpmath):
+            raise UnsupportedError(self.fpmath_reason(fpmath))
         if precision == "int8":
             path, info = export_onnx(model, example_inputs, ctx, "fp32")
             path, info["quantization"] = quantize(path, model, example_inputs, ctx)
@@ -64,7 +81,7 @@ class OnnxRuntimeBackend(Backend):
         # ORT opens its profile file when the session is made and fills it only when profiling ends: a session
         # that fails to load or to run would leave it behind, one file per unsupported point.
         with tempfile.TemporaryDirectory(prefix="aio-ort-profile-") as profile_dir:
-            sess = make_session(path, threads, profile_dir=profile_dir, knobs=ctx.knobs)
+            sess = make_session(path, threads, profile_dir=profile_dir, knobs=ctx.knobs, fpmath=fpmath)
             graph_inputs = {i.name for i in sess.get_inputs()}   # an exporter may drop inputs the graph never reads
 
             def feeds(tensors) -> dict:
@@ -85,6 +102,8 @@ class OnnxRuntimeBackend(Backend):
                 raise UnsupportedError(f"ONNX Runtime cannot run the graph on this input: {text[:300]}") from exc
         info["kernels_by_input_type"] = dict(Counter(types[0] for _, types in kernels))
         info["session"] = session_info(sess)
+        if precision == "fp32":
+            info[FPMATH_READ_BACK] = {FASTMATH_ARM64: _config_entry(sess.get_session_options(), FASTMATH_ARM64)}
         if precision != "fp32":
             mode = _check_kernels(precision, mode, kernels, info)
 
@@ -96,7 +115,8 @@ class OnnxRuntimeBackend(Backend):
             info[IO_BINDING] = "inputs bound once (IOBinding), bound again only for new arrays"
 
         def profile(passes, trace):
-            return "onnxruntime session profiling", *_node_profile(path, threads, feed, passes, trace, ctx.knobs)
+            return "onnxruntime session profiling", *_node_profile(path, threads, feed, passes, trace, ctx.knobs,
+                                                                   fpmath)
 
         return Prepared(run, arrays, mode, info, convert=lambda tensors: tuple(feeds(tensors).values()),
                         profile=profile)
@@ -120,12 +140,13 @@ def _bound(sess, names: tuple):
     return bound_pass(bind, infer)
 
 
-def make_session(path: Path, threads: int, profile_dir: str | None = None, knobs: dict | None = None):
+def make_session(path: Path, threads: int, profile_dir: str | None = None, knobs: dict | None = None,
+                 fpmath: str = "strict"):
     """A CPU session with exactly `threads` intra-op threads, sequential, all graph optimizations on; profiled
     into `profile_dir` when given. `knobs`: `allow_spinning` False (idle threads sleep at once instead of
     spinning for the next op), `graph_optimization` "extended" (no layout transformations to NCHWc),
     `dynamic_block_base` n (a parallel loop is handed out in blocks that shrink as it nears its end, the first
-    1/(threads*n) of it, instead of equal static shares)."""
+    1/(threads*n) of it, instead of equal static shares). `fpmath` bf16: MLAS's bf16 fast math (aarch64)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -140,6 +161,8 @@ def make_session(path: Path, threads: int, profile_dir: str | None = None, knobs
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     if knobs.get("dynamic_block_base"):
         so.add_session_config_entry("session.dynamic_block_base", str(knobs["dynamic_block_base"]))
+    if fpmath == "bf16":
+        so.add_session_config_entry(FASTMATH_ARM64, "1")
     # ORT's failures reach the caller as exceptions; its own log lines (e.g. a failed session complaining it
     # has no profile to write) only when debugging.
     so.log_severity_level = 1 if logger.isEnabledFor(logging.DEBUG) else 4
@@ -200,12 +223,12 @@ def _profiled_kernels(sess, feed: dict) -> list[tuple[str, tuple]]:
 
 
 def _node_profile(path: Path, threads: int, feed: dict, passes: int, trace,
-                  knobs: dict | None = None) -> tuple[list[dict], Path | None]:
+                  knobs: dict | None = None, fpmath: str = "strict") -> tuple[list[dict], Path | None]:
     """Per op type, the time of its nodes per pass, from a profiled session of its own (`passes` runs); its
     Chrome trace copied to `trace`."""
     rows: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="aio-ort-profile-") as profile_dir:
-        sess = make_session(path, threads, profile_dir=profile_dir, knobs=knobs)
+        sess = make_session(path, threads, profile_dir=profile_dir, knobs=knobs, fpmath=fpmath)
         for _ in range(passes):
             sess.run(None, feed)
         written = Path(sess.end_profiling())

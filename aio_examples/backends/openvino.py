@@ -18,11 +18,13 @@ from pathlib import Path
 from ..core.errors import UnsupportedError
 from ..core.log import logger
 from .artifacts import artifact_dir, describe_inputs, digests, intact
-from .base import IO_BINDING, Backend, Prepared, bound_pass, onnx_source
+from .base import FPMATH_READ_BACK, IO_BINDING, Backend, Prepared, bound_pass, onnx_source
 
 # precision -> (INFERENCE_PRECISION_HINT asked, the OPTIMIZATION_CAPABILITIES entry the CPU needs for it).
 # int8 keeps the f32 hint: quantized layers run int8, the rest f32 (bf16 under aio's int8_mixed_bf16 knob).
 _PRECISIONS = {"fp32": ("f32", "FP32"), "bf16": ("bf16", "BF16"), "fp16": ("f16", "FP16"), "int8": ("f32", "INT8")}
+# fp32's fast-math modes: the same fp32 IR compiled with the narrower inference precision (what -p bf16 runs too)
+_FPMATH = {"bf16": ("bf16", "BF16"), "f16": ("f16", "FP16")}
 # (int4 is weight-only quantization for text generation, which this backend does not run: base.py refuses it)
 # Runtime layers that do the matrix work: at int8 at least one must run with an integer precision.
 _COMPUTE_LAYERS = ("Convolution", "Deconvolution", "FullyConnected", "MatMul")
@@ -43,6 +45,7 @@ class OpenVinoBackend(Backend):
     name = "openvino"
     description = "OpenVINO IR from the torch module, CPU plugin, latency hint, pinned inference precision"
     copies_held = 2.0
+    fpmath_modes = ("strict", *_FPMATH)
 
     def unavailable_reason(self):
         if importlib.util.find_spec("openvino") is None:
@@ -74,11 +77,15 @@ class OpenVinoBackend(Backend):
         import openvino as ov
 
         hint, capability = _PRECISIONS[precision]
+        fast = precision == "fp32" and ctx.fpmath != "strict"
+        if fast:
+            hint, capability = _FPMATH[ctx.fpmath]
         core = ov.Core()
         capabilities = core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
         if capability not in capabilities:
             # Without it OpenVINO runs f16 as f32 and bf16 emulated: neither measures the precision asked for.
-            raise UnsupportedError(f"{precision} needs native {capability} support, which this CPU lacks "
+            asked = f"fp32 in fpmath {ctx.fpmath}" if fast else precision
+            raise UnsupportedError(f"{asked} needs native {capability} support, which this CPU lacks "
                                    f"(OpenVINO OPTIMIZATION_CAPABILITIES: {', '.join(capabilities)})")
         key = {"inputs": describe_inputs(example_inputs), "weights": ctx.weights_id, "openvino": ov.__version__,
                "torch": _torch_version()}
@@ -113,6 +120,8 @@ class OpenVinoBackend(Backend):
                     performance_hint=str(compiled.get_property("PERFORMANCE_HINT")),
                     num_streams=int(compiled.get_property("NUM_STREAMS")), outputs="copied each pass",
                     **{k: str(compiled.get_property(KNOB_PROPERTIES[k])) for k in ctx.knobs if k in KNOB_PROPERTIES})
+        if precision == "fp32":
+            info[FPMATH_READ_BACK] = {"INFERENCE_PRECISION_HINT": read_back}
         if precision == "int8":
             info["int8_layers"] = _int8_layers(compiled)
             if read_back == "bf16":

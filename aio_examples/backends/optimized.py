@@ -167,6 +167,15 @@ class AioBackend(Backend):
         conv nets), built by the registry and handed in so this module does not import it."""
         self.engines = dict(engines or {})
 
+    @property
+    def fpmath_modes(self):
+        """fp32's fast-math modes of its compiled graph (torch's) and of the engines it tunes among."""
+        from ..machine.fpmath import TORCH_MODES
+
+        modes = [*TORCH_MODES, *(m for e in self.engines.values() if e.unavailable_reason() is None
+                                 for m in e.fpmath_modes)]
+        return tuple(dict.fromkeys(modes))
+
     def prepare(self, model, example_inputs, precision, threads, ctx):
         """What the strategy chosen (and the engines switched among) allocated, compiled on its first call
         where it compiles then, backed by huge pages (backends/hugepages.py) once tuning is over: the
@@ -199,6 +208,8 @@ class AioBackend(Backend):
                # the knobs on offer: a decision taken before a knob was added tunes again
                "knobs_tuned": knobs_on and {s: [n for n, _ in k] for s, k in KNOBS.items()},
                "split_tuned": split_settings()[0], "rows_tuned": rows_setting(), "finalist_margin": FINALIST_MARGIN}
+        if ctx.fpmath != "strict":           # fast math is a configuration of its own (strict keeps the keys it had)
+            key["fpmath"] = ctx.fpmath
         decision_file = _decision_file(ctx.model_name, key)
         quick = tune_setting() == "quick"
         cached = _load_decision(decision_file)       # a thorough decision serves either mode
@@ -707,11 +718,17 @@ class AioBackend(Backend):
         return _split_prepared(graph, stages, example_inputs, {})
 
     def _prepare_strategy(self, strategy, model, example_inputs, precision, threads, ctx) -> Prepared:
+        from ..machine.fpmath import TORCH_MODES
+
         crashes.trying(strategy, "preparing", ctx.model_name, precision)     # a crash from here on is this strategy's
         if strategy == "compiled":
+            if ctx.fpmath not in TORCH_MODES:
+                raise UnsupportedError(f"the compiled graph has no {ctx.fpmath} fast math for fp32 (torch's modes: "
+                                       f"{', '.join(TORCH_MODES)})")
             return _compiled(model, example_inputs, precision, threads, ctx, self.engines.get("inductor"))
         backend = self.engines.get(strategy)
-        reason = f"no {strategy} engine was handed in" if backend is None else backend.unavailable_reason()
+        reason = (f"no {strategy} engine was handed in" if backend is None
+                  else backend.unavailable_reason() or backend.fpmath_reason(ctx.fpmath))
         if reason:
             raise UnsupportedError(reason)
         return backend.prepare(model, example_inputs, precision, threads, ctx)

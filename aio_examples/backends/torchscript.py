@@ -2,6 +2,7 @@
 
 from ..core import precision as prec
 from ..core.errors import UnsupportedError
+from ..machine.fpmath import TORCH_MODES
 from . import int8 as quantize
 from .base import Backend, Prepared
 
@@ -9,6 +10,7 @@ from .base import Backend, Prepared
 class TorchScriptBackend(Backend):
     name = "torchscript"
     description = "torch.jit trace/script + freeze + optimize_for_inference"
+    fpmath_modes = TORCH_MODES            # set for the process by the runner (machine/fpmath.py)
 
     def prepare(self, model, example_inputs, precision, threads, ctx):
         import torch

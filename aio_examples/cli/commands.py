@@ -75,9 +75,10 @@ def do_run(model: str, args) -> int:
     choice = resolve_threads(args.threads, allow_oversubscribe=args.allow_oversubscribe)
     export_thread_env(choice.threads)          # before torch starts its thread pools
     backends = _backends(args.backend)
-    from ..drivers.worker import measures_inline
+    from ..drivers.worker import fpmath_setting, measures_inline
 
     inline = measures_inline(args, len(backends) * len(precisions))
+    pairs = fpmath_setting(args.fpmath_mode, precisions, inline)        # (precision, fast-math mode) of each
     from ..models import get_model, is_path
 
     if model is not None and is_path(model):          # a path where a zoo name goes: the file or folder it names
@@ -126,16 +127,17 @@ def do_run(model: str, args) -> int:
     from ..measurement.runner import RunRequest, run
     from ..measurement.timing import StopRule
 
-    def request(backends_, precisions_, scenario=None):
+    def request(backends_, precisions_, scenario=None, fpmath="strict"):
         return RunRequest(spec, backends_, precisions_, args.batch_size, choice, shape,
                           args.model_file if own else args.weights, args.model_dir,
                           StopRule(timeout_s=args.timeout, num_runs=args.num_runs), scenario=scenario,
                           point_id=args.point_id, probe=args.probe, dataset=dataset, profile=args.profile,
-                          module=own[0] if own else None, example_inputs=own[1] if own else None)
+                          module=own[0] if own else None, example_inputs=own[1] if own else None, fpmath=fpmath)
 
-    compare = len(backends) > 1 or len(precisions) > 1
+    compare = len(backends) > 1 or len(pairs) > 1
     if inline:
-        req = request(backends, precisions, scenario_of(args, spec.task))
+        mode = next((m for _, m in pairs if m != "strict"), "strict")        # inline: one mode at most
+        req = request(backends, precisions, scenario_of(args, spec.task), mode)
         results = run(req, out_dir, run_id=args.run_id, reference=compare)
     else:
         from ..core.records import new_run_id
@@ -143,9 +145,10 @@ def do_run(model: str, args) -> int:
         from ..drivers.worker import config_argv
 
         for b in backends:            # each configuration checked alone, as its process will (memory, files)
-            for p in precisions:
-                request([b], [p])
-        configs = configs_of(spec, backends, precisions, args.batch_size, shape, reference=compare)
+            for p, m in pairs:
+                request([b], [p], fpmath=m)
+        configs = configs_of(spec, backends, precisions, args.batch_size, shape, reference=compare,
+                             fpmath_modes=dict.fromkeys(m for _, m in pairs))
         results = run_configs(Run(config_argv(model, args), spec, args.batch_size, choice.threads, shape,
                                   new_run_id(), args.timeout), configs, out_dir)
     if args.json:
@@ -279,6 +282,8 @@ def do_sweep(args) -> int:
     shape = {k: v for k, v in _shape_overrides(args).items() if k != "new_tokens"}     # new tokens: a list axis
     overrides = {"models": args.models or None, "backends": args.backends, "precisions": args.precisions,
                  "batch_sizes": args.batch_sizes, "threads": args.threads, "allocators": args.allocators,
+                 "fpmath_modes": args.fpmath_modes, "lru_cache_capacity": args.lru_cache_capacity,
+                 "thp_mem_alloc": args.thp_mem_alloc,
                  "timeout": args.timeout, "point_timeout": args.point_timeout, "output": args.output,
                  "shape": shape or None, "seq_lens": args.seq_lens, "new_tokens": args.new_tokens,
                  "config_overrides": args.config_override, "repeats": args.repeats, "probe": args.probe or None,

@@ -16,16 +16,16 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def ints(flag: str):
+def ints(flag: str, smallest: int = 1):
     def parse(text):
         values = []
         for item in split_items(text, flag):
             try:
                 values.append(int(item))
             except ValueError:
-                values.append(0)
-        if min(values) < 1:
-            raise UsageError(f"{flag} {text!r} is invalid; accepted: a comma list of whole numbers >= 1")
+                values.append(smallest - 1)
+        if min(values) < smallest:
+            raise UsageError(f"{flag} {text!r} is invalid; accepted: a comma list of whole numbers >= {smallest}")
         return values
     return parse
 
@@ -56,6 +56,15 @@ def _add_drivers(sub) -> None:
                     help="comma list (default: powers of two up to the physical cores, plus that)")
     sw.add_argument("--allocators", type=comma_list("--allocators"), default=None,
                     help="comma list of default, tcmalloc, jemalloc, hugetlb (default: default)")
+    sw.add_argument("--fpmath-modes", type=comma_list("--fpmath-modes"), default=None,
+                    help="comma list of fp32's fast-math modes, strict, bf16, f16, each a point of its own (as run "
+                         "--fpmath-mode; default strict)")
+    sw.add_argument("--lru-cache-capacity", type=ints("--lru-cache-capacity", 0), default=None,
+                    help="comma list of LRU_CACHE_CAPACITY values (oneDNN primitives torch keeps for reuse; 0: none), "
+                         "each a point of its own (default: as the environment has it)")
+    sw.add_argument("--thp-mem-alloc", type=ints("--thp-mem-alloc", 0), default=None,
+                    help="comma list of THP_MEM_ALLOC_ENABLE values, 0 and/or 1 (torch's large CPU allocations on "
+                         "transparent huge pages), each a point of its own (default: as the environment has it)")
     sw.add_argument("--input-size", type=positive("--input-size"), default=None)
     sw.add_argument("--seq-len", type=positive("--seq-len"), default=None)
     sw.add_argument("--seq-lens", type=ints("--seq-lens"), default=None,

@@ -62,3 +62,36 @@ def kernel_gap(exc: BaseException) -> str | None:
     """The line naming a missing kernel (`"nms_kernel" not implemented for 'Half'`) anywhere in an error's
     text: TorchScript and dynamo wrap it under a generic first line."""
     return next((line.strip() for line in str(exc).splitlines() if "not implemented for" in line), None)
+
+
+# fp32 fast math: an fp32 model whose GEMMs and convolutions may round their operands to a narrower type inside the
+# kernel (oneDNN's fpmath mode, OpenVINO's inference precision hint), weights kept fp32. `strict` rounds nothing.
+FPMATH_MODES = ("strict", "bf16", "f16")
+# the precision whose tolerances judge each mode's results (measurement/output_check.py, accuracy.py)
+_FPMATH_JUDGED_AS = {"bf16": "bf16", "f16": "fp16"}
+
+
+def validate_fpmath(mode: str) -> str:
+    if mode not in FPMATH_MODES:
+        raise UsageError(f"--fpmath-mode {mode!r} is unknown; accepted: {', '.join(FPMATH_MODES)}")
+    return mode
+
+
+def fpmath_configs(precisions: list[str], modes: list[str]) -> list[tuple[str, str]]:
+    """(precision, fast-math mode) of each configuration: fp32 in every mode asked, every other precision once,
+    strict (its arithmetic is its own type's already). A mode other than strict without fp32 is refused: it
+    would change nothing."""
+    for m in modes:
+        validate_fpmath(m)
+    fast = [m for m in modes if m != "strict"]
+    if fast and "fp32" not in precisions:
+        raise UsageError(f"--fpmath-mode {','.join(fast)} applies to fp32 models (fp32 weights computed in "
+                         f"{fast[0]}), not to {', '.join(precisions)}; accepted: -p fp32 with it, or strict")
+    pairs = [(p, m) for p in precisions for m in (modes if p == "fp32" else ["strict"])]
+    return list(dict.fromkeys(pairs))
+
+
+def judged_as(precision: str, fpmath: str = "strict") -> str:
+    """The precision whose tolerances judge a configuration's outputs and accuracy: fp32 in a fast-math mode is
+    judged like the narrower type its GEMMs round to."""
+    return _FPMATH_JUDGED_AS.get(fpmath, precision) if precision == "fp32" else precision

@@ -20,21 +20,26 @@ from typing import NamedTuple
 
 from .errors import AioError, UsageError
 
-SCHEMA_VERSION = "1.8"
+SCHEMA_VERSION = "1.9"
 # `crashed`: the configuration's process died (a signal: a segfault, an illegal instruction, the OOM killer), see `crash`
 STATUSES = ("ok", "fail_accuracy", "unsupported", "failed", "timeout", "crashed")
 REQUIRED = ("model", "backend", "precision", "batch_size", "threads", "status")
 # The scenario of records before schema 1.6: interleaved latency rounds ("key" is what identifies it).
 DEFAULT_SCENARIO = {"name": "latency", "key": "latency"}
 KEY_FIELDS = ("model", "task", "backend", "precision", "batch_size", "threads", "instances", "allocator", "shape",
-              "scenario", "dataset", "machine")
+              "scenario", "dataset", "machine", "fpmath", "env_axes")
+# The key's fields added since schema 1.8 and their values in every record before: left out of a key's digest at
+# these values, so the digests made before (a sweep's point ids) still name the same configurations.
+KEY_DEFAULTS = {"fpmath": "strict", "env_axes": "default"}
 
 
 class ConfigKey(NamedTuple):
     """What makes two records measurements of the same configuration; the one identity every reader uses.
 
     `shape` is the input shape without the batch (`input_size=224`, `seq_len=128,new_tokens=32`);
-    `machine` the hardware fingerprint (machine_fingerprint), not the hostname.
+    `machine` the hardware fingerprint (machine_fingerprint), not the hostname; `fpmath` the fast-math mode of an
+    fp32 configuration (`strict` for any other, and for records before 1.9); `env_axes` torch's runtime variables
+    set in its process (machine/env_axes.py: `LRU_CACHE_CAPACITY=0`), or `default`.
     """
 
     model: str
@@ -49,6 +54,12 @@ class ConfigKey(NamedTuple):
     scenario: str
     dataset: str
     machine: str
+    fpmath: str = "strict"
+    env_axes: str = "default"
+
+    def identity(self) -> dict:
+        """The key as a dict for digests, the fields added since 1.8 left out at their old values."""
+        return {k: v for k, v in self._asdict().items() if KEY_DEFAULTS.get(k, object()) != v}
 
     def ignoring(self, names) -> "ConfigKey":
         """The key with `names` set to "*", so configurations that differ only in them match."""
@@ -131,6 +142,7 @@ class Result:
     scenario: dict = field(default_factory=lambda: dict(DEFAULT_SCENARIO))  # how it was driven (scenarios/)
     dataset: str = "synthetic"                       # where its inputs came from (datasets/)
     accuracy: dict | None = None                     # task metrics on a labelled dataset (docs/datasets.md)
+    fpmath: dict | None = None      # fp32's fast-math mode: {mode, read_back} (machine/fpmath.py); None: not fp32
     crash: dict | None = None       # how its process died: signal, exit code, phase, the last lines of its stderr
     env: dict = field(default_factory=dict)
     run_id: str = field(default_factory=new_run_id)
@@ -211,6 +223,21 @@ class Result:
         return (self.env or {}).get("allocator") or "default"
 
     @property
+    def fpmath_mode(self) -> str:
+        """The fast-math mode it was measured in; `strict` for records before 1.9 and other precisions."""
+        return (self.fpmath or {}).get("mode") or "strict"
+
+    @property
+    def env_axes(self) -> str:
+        return env_axes_label((self.env or {}).get("env_axes"))
+
+    @property
+    def label(self) -> str:
+        """backend/precision, and the fast-math mode when not strict: how messages and tables name it."""
+        mode = self.fpmath_mode
+        return f"{self.backend}/{self.precision}" + (f" fpmath {mode}" if mode != "strict" else "")
+
+    @property
     def shape_label(self) -> str:
         return shape_label(self.input_shape)
 
@@ -225,7 +252,7 @@ class Result:
         return ConfigKey(self.model, self.task, self.backend, self.precision, self.batch_size, self.threads,
                          self.instances, self.allocator, self.shape_label,
                          (self.scenario or DEFAULT_SCENARIO).get("key") or "latency", self.dataset or "synthetic",
-                         self.machine or machine or "unknown")
+                         self.machine or machine or "unknown", self.fpmath_mode, self.env_axes)
 
 
 def strict(value):
@@ -237,6 +264,11 @@ def strict(value):
     if isinstance(value, (list, tuple)):
         return [strict(v) for v in value]
     return value
+
+
+def env_axes_label(variables: dict | None) -> str:
+    """The env_axes part of a configuration key: `LRU_CACHE_CAPACITY=0,THP_MEM_ALLOC_ENABLE=1`, or `default`."""
+    return ",".join(f"{k}={v}" for k, v in sorted((variables or {}).items())) or "default"
 
 
 def shape_label(input_shape: dict | None) -> str:
@@ -434,7 +466,9 @@ def format_table(results: list[Result]) -> str:
     for r in results:
         lat = r.latency_ms or {}
         rows.append({
-            "model": r.model, "backend": r.backend, "precision": r.precision, "batch": r.batch_size,
+            "model": r.model, "backend": r.backend, "precision": r.precision,
+            **({"fpmath": r.fpmath_mode} if any(x.fpmath_mode != "strict" for x in results) else {}),
+            "batch": r.batch_size,
             "threads": r.threads, "status": r.status,
             "median ms": _fmt(lat.get("median")), "p90 ms": _fmt(lat.get("p90")),
             "+-CI %": _fmt(100 * lat["ci_rel_halfwidth"], 1) if lat.get("ci_rel_halfwidth") not in (None, float("inf")) else "-",
@@ -445,10 +479,10 @@ def format_table(results: list[Result]) -> str:
             **({"accuracy (vs eager fp32)": _accuracy_cell(r)} if any(x.accuracy for x in results) else {}),
         })
     table = pd.DataFrame(rows).to_string(index=False)
-    notes = [f"  {r.backend}/{r.precision}: {r.status}: {r.reason}" for r in results if r.reason]
-    notes += [f"  {r.backend}/{r.precision}: stderr: {line}" for r in results if r.crash
+    notes = [f"  {r.label}: {r.status}: {r.reason}" for r in results if r.reason]
+    notes += [f"  {r.label}: stderr: {line}" for r in results if r.crash
               for line in (r.crash.get("stderr_tail") or [])[-CRASH_LINES_SHOWN:]]
-    notes += [f"  {r.backend}/{r.precision}: warning: {w}" for r in results for w in r.warnings]
+    notes += [f"  {r.label}: warning: {w}" for r in results for w in r.warnings]
     return table + ("\n" + "\n".join(notes) if notes else "")
 
 

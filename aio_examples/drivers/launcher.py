@@ -49,16 +49,31 @@ class Config:
     backend: str
     precision: str
     memory: float = 0.0          # bytes its process is estimated to hold
+    fpmath: str = "strict"       # fp32's fast-math mode (core/precision.py): set in its process only
 
     @property
     def label(self) -> str:
-        return f"{self.backend}/{self.precision}"
+        return f"{self.backend}/{self.precision}" + (f" fpmath {self.fpmath}" if self.fpmath != "strict" else "")
+
+    @property
+    def identity(self) -> tuple:
+        """What tells its record from the others' of the run."""
+        return self.backend, self.precision, self.fpmath
+
+    @property
+    def is_reference(self) -> bool:
+        """Eager fp32 strict: the speedups' reference."""
+        return self.identity == ("eager", "fp32", "strict")
+
+
+def identity(record: res.Result) -> tuple:
+    return record.backend, record.precision, record.fpmath_mode
 
 
 @dataclass
 class Run:
-    """What every configuration's process shares: the worker's argv without backend and precision, and what a
-    record of a process that died needs (spec, batch, threads, shape)."""
+    """What every configuration's process shares: the worker's argv without backend, precision and fast-math
+    mode, and what a record of a process that died needs (spec, batch, threads, shape)."""
 
     argv: list
     spec: object
@@ -70,19 +85,21 @@ class Run:
 
 
 def configs_of(spec, backends: list[str], precisions: list[str], batch_size: int, shape: dict,
-               reference: bool) -> list[Config]:
-    """The run's configurations (eager fp32 first when it is the run's `reference` and not asked for), each with
-    the memory its process is estimated to hold: the libraries, the built model and a pass, its own copy."""
+               reference: bool, fpmath_modes=("strict",)) -> list[Config]:
+    """The run's configurations (eager fp32 strict first when it is the run's `reference` and not asked for):
+    each backend at each precision, fp32 in each fast-math mode (core/precision.fpmath_configs), each with the
+    memory its process is estimated to hold: the libraries, the built model and a pass, its own copy."""
     from ..backends import get_backend
+    from ..core.precision import fpmath_configs
     from ..models import is_generator
 
-    pairs = [(b, p) for p in precisions for b in backends]
-    if reference and ("eager", "fp32") not in pairs:
-        pairs.insert(0, ("eager", "fp32"))
+    triples = [(b, p, m) for p, m in fpmath_configs(precisions, list(fpmath_modes)) for b in backends]
+    if reference and ("eager", "fp32", "strict") not in triples:
+        triples.insert(0, ("eager", "fp32", "strict"))
     weights, generator = spec.weight_bytes(), is_generator(spec.task)
     base = PROCESS_BYTES + spec.memory_estimate(batch_size, shape) + weights
     return [Config(b, p, base + (0 if (b, p) == ("eager", "fp32") else
-                                 get_backend(b).memory_estimate(weights, p, generator))) for b, p in pairs]
+                                 get_backend(b).memory_estimate(weights, p, generator)), m) for b, p, m in triples]
 
 
 def groups(configs: list[Config], available: float) -> list[list[Config]]:
@@ -116,8 +133,8 @@ def run_configs(run: Run, configs: list[Config], out_dir: Path | None, echo: boo
         for number, group in enumerate(parts, 1):
             reference_ms = _run_group(run, group, out, start, (number, len(parts)), reference_ms, echo,
                                       Path(scratch))
-        mine = {(r.backend, r.precision): r for r in res.records_in(out, start) if r.run_id == run.run_id}
-    return [mine[(c.backend, c.precision)] for c in configs if (c.backend, c.precision) in mine]
+        mine = {identity(r): r for r in res.records_in(out, start) if r.run_id == run.run_id}
+    return [mine[c.identity] for c in configs if c.identity in mine]
 
 
 def _run_group(run: Run, group: list[Config], out: Path, since: int, place: tuple, reference_ms: float | None,
@@ -134,13 +151,12 @@ def _run_group(run: Run, group: list[Config], out: Path, since: int, place: tupl
             _rounds(takers, run.timeout_s)
             shared = {"processes": "one per configuration", "with": [t.context.label for t in takers],
                       **({"group": list(place)} if place[1] > 1 else {})}
-            takers.sort(key=lambda t: (t.context.backend, t.context.precision) != ("eager", "fp32"))
+            takers.sort(key=lambda t: not t.context.is_reference)
             while takers:
                 taker = takers.pop(0)
                 told = {"rounds": shared, **({"reference_ms": reference_ms} if reference_ms else {})}
                 record = _finish(run, taker, out, since, "measuring" if taker.alive else "measuring (no answer)", told)
-                if (taker.context.backend, taker.context.precision) == ("eager", "fp32") and record is not None \
-                        and record.status == "ok":
+                if taker.context.is_reference and record is not None and record.status == "ok":
                     reference_ms = record.median_ms
     finally:
         for taker in takers:         # interrupted: whoever measured writes what it has, saying so
@@ -152,10 +168,10 @@ def _start(run: Run, config: Config, out: Path, since: int, echo: bool, scratch:
     """The configuration's process, prepared and warmed up (None: it ended, and its record says why). A process
     that crashed while aio tried a candidate (its journal says which: backends/crashes.py) is started once more:
     aio then leaves that candidate out, and its record says why; so is the next, up to MAX_ATTEMPTS in all."""
-    argv = [*run.argv, "--backend", config.backend, "-p", config.precision, "--output", str(out),
-            "--run-id", run.run_id]
+    argv = [*run.argv, "--backend", config.backend, "-p", config.precision, "--fpmath-mode", config.fpmath,
+            "--output", str(out), "--run-id", run.run_id]
     for attempt in range(1, MAX_ATTEMPTS + 1):
-        journal = scratch / f"{config.backend}-{config.precision}-{attempt}.journal"
+        journal = scratch / f"{'-'.join(config.identity)}-{attempt}.journal"
         logger.debug("%s: starting its process", config.label)
         taker = Taker.spawn(argv, {**os.environ, crashes.JOURNAL_ENV: str(journal)}, None, 0, context=config,
                             echo=echo, flag="--rounds", hold=ERROR_LINE.encode())
@@ -200,8 +216,7 @@ def _finish(run: Run, taker: Taker, out: Path, since: int, phase: str, told: dic
         with contextlib.suppress(ProcessLookupError):
             os.killpg(taker.proc.proc.pid, signal.SIGINT)
     outcome = taker.stop(STOP_TIMEOUT_S, interrupted=interrupted, told=told)
-    written = [r for r in res.records_in(out, since)
-               if r.run_id == run.run_id and (r.backend, r.precision) == (config.backend, config.precision)]
+    written = [r for r in res.records_in(out, since) if r.run_id == run.run_id and identity(r) == config.identity]
     stopped = outcome.returncode in (130, 143)       # Ctrl-C or SIGTERM reached it (maybe from a library of its own)
     if stopped and not interrupted:                  # the run stops as the process did, keeping what it wrote
         raise interrupts.Terminated() if outcome.returncode == 143 else KeyboardInterrupt()
@@ -224,4 +239,4 @@ def _finish(run: Run, taker: Taker, out: Path, since: int, phase: str, told: dic
         crash["candidate"] = learned
     logger.warning("%s: %s", config.label, reason)
     return record_failure(out, run.spec, config.backend, config.precision, run.batch_size, run.threads, run.shape,
-                          status, reason, crash=crash, run_id=run.run_id)
+                          status, reason, crash=crash, run_id=run.run_id, fpmath=config.fpmath)

@@ -1,4 +1,5 @@
-"""Sweeps: every point (model x shape x backend x precision x batch x threads x allocator) in its own process.
+"""Sweeps: every point (model x shape x backend x precision (x fp32's fast-math mode) x batch x threads x allocator
+x torch's runtime variables) in its own process.
 
 Each point starts fresh so its thread settings are in place before torch starts, bound to its cores
 (see machine/binding.py), under a timeout; a point that crashes, hangs or fails still gets a record saying
@@ -26,11 +27,13 @@ from ..core import records as res
 from ..core.errors import UnsupportedError, UsageError
 from ..core.log import logger
 from ..core.paths import read_toml
+from ..core.precision import fpmath_configs
 from ..core.processes import run_isolated
-from ..core.records import ConfigKey, machine_fingerprint, shape_label
-from ..machine import allocators
+from ..core.records import ConfigKey, env_axes_label, machine_fingerprint, shape_label
+from ..machine import allocators, env_axes
 from ..machine.binding import plan, probe
 from ..machine.environment import capture
+from ..machine.fpmath import check_cpu
 from ..machine.topology import numa_cpus_from_env, read_topology
 from ..measurement.timing import ORDER_SEED, ROUND_GAP_S, ROUND_S
 from .turns import Taker
@@ -62,6 +65,13 @@ class Point:
     dataset: tuple = ()                # (kind, path, labels) to score on; () for the model's synthetic inputs
     config: tuple = ()                 # "KEY=VALUE" overrides of the architecture's config (--config-override)
     serving: tuple = ()                # a LoadGen test: (scenario, target rate or None, instances); docs/serving.md
+    fpmath: str = "strict"             # fp32's fast-math mode (core/precision.py)
+    env: tuple = ()                    # torch's runtime variables set for it: ((VARIABLE, value), ...), env_axes.py
+
+    @property
+    def env_axes(self) -> dict:
+        """The runtime variables its process will have: the sweep's own (`env`) over what the driver has."""
+        return env_axes.in_use({**os.environ, **env_axes.env_for(self.env)})
 
     @property
     def spec(self):
@@ -84,20 +94,22 @@ class Point:
             scenario, instances = serving_key(*self.serving[:2]), self.serving[2]
         return ConfigKey(self.model, spec.task, self.backend, self.precision, self.batch_size, self.threads, instances,
                          self.allocator, shape_label(spec.input_shape(1, spec.shape(**dict(self.shape)))),
-                         scenario, self.dataset[0] if self.dataset else "synthetic", "*")
+                         scenario, self.dataset[0] if self.dataset else "synthetic", "*", self.fpmath,
+                         env_axes_label(self.env_axes))
 
     @cached_property
     def point_id(self) -> str:
         """A digest of the point's configuration key (and its repeat), stamped on its record: the records a
         resumed sweep finds, and skips."""
-        return _digest({**self.key._asdict(), **({"repeat": self.repeat} if self.repeat else {})})
+        return _digest({**self.key.identity(), **({"repeat": self.repeat} if self.repeat else {})})
 
     @property
     def legacy_point_id(self) -> str:
         """The point's id in release 0.1 (a digest of the sweep's own fields), so its outputs resume too."""
         fields_ = asdict(self)
-        for later in ("repeat", "dataset", "config", "serving"):     # fields added since, left out at their defaults
-            if not fields_[later]:
+        for later, default in (("repeat", 0), ("dataset", ()), ("config", ()), ("serving", ()), ("fpmath", "strict"),
+                               ("env", ())):     # fields added since, left out at their defaults
+            if fields_[later] == default:
                 del fields_[later]
         return _digest(fields_)
 
@@ -108,6 +120,8 @@ class Point:
         again = f" (repeat {self.repeat + 1})" if self.repeat else ""
         data = f" on {self.dataset[0]}" if self.dataset else ""
         config = f" [{' '.join(self.config)}]" if self.config else ""
+        config += f" fpmath {self.fpmath}" if self.fpmath != "strict" else ""
+        config += "".join(f" {k}={v}" for k, v in self.env)
         serving = ""
         if self.serving:
             scenario, rate, instances = self.serving
@@ -144,6 +158,11 @@ class SweepConfig:
     batch_sizes: list[int] = field(default_factory=lambda: [1])
     threads: list[int] | None = None          # None: powers of two up to the physical cores, plus that
     allocators: list[str] = field(default_factory=lambda: ["default"])
+    # fp32's fast-math modes, each a point of its own (other precisions run once, strict): run --fpmath-mode
+    fpmath_modes: list[str] = field(default_factory=lambda: ["strict"])
+    # torch's runtime variables, each value a point of its own (machine/env_axes.py); None: left as they are
+    lru_cache_capacity: list[int] | None = None       # LRU_CACHE_CAPACITY: oneDNN primitives torch keeps
+    thp_mem_alloc: list[int] | None = None            # THP_MEM_ALLOC_ENABLE: 0 or 1
     shape: dict = field(default_factory=dict)
     seq_lens: list[int] | None = None         # each a point of its own (models with a sequence length)
     new_tokens: list[int] | None = None       # each a point of its own (text generators)
@@ -181,7 +200,8 @@ class SweepConfig:
             if getattr(self, name) in ("all", ["all"]):
                 setattr(self, name, every())
         for name, accepted in (("models", "zoo names (aio-examples list)"), ("backends", "backend names"),
-                               ("precisions", "precision names"), ("allocators", "allocator names")):
+                               ("precisions", "precision names"), ("allocators", "allocator names"),
+                               ("fpmath_modes", "fast-math modes")):
             _names_list(name, getattr(self, name), accepted)
         for m in self.models:
             get_model(m)
@@ -191,6 +211,10 @@ class SweepConfig:
             validate(p)
         for a in self.allocators:
             allocators.validate(a)
+        fpmath_configs(self.precisions, self.fpmath_modes)
+        for axis in env_axes.ENV_AXES:
+            if getattr(self, axis.key) is not None:
+                env_axes.check(axis, getattr(self, axis.key))
         if not isinstance(self.output, str) or not self.output.strip():
             raise UsageError(f"output {self.output!r} is invalid; accepted: a folder path (text, not empty)")
         if not isinstance(self.shape, dict):
@@ -228,6 +252,9 @@ class SweepConfig:
             if self.interleave > 1:
                 raise UsageError(f"interleave {self.interleave} does not apply to serving tests (LoadGen drives "
                                  "each alone); accepted: interleave = 1 with a serving table")
+            if self.fpmath_modes != ["strict"]:
+                raise UsageError(f"fpmath_modes {self.fpmath_modes} do not apply to serving tests (LoadGen's "
+                                 "instances run strict); accepted: fpmath_modes = [\"strict\"] with a serving table")
             self.serving = check_serving(self.serving, [get_model(m).with_config(self.config_overrides)
                                                         for m in self.models], self.batch_sizes)
         for name in ("timeout", "point_timeout"):
@@ -341,10 +368,20 @@ class SweepConfig:
             from .loadgen import serving_points
 
             tests = serving_points(self.serving)
-        return [Point(m, b, p, bs, t, a, shape, r, self.dataset_of(m), config, test) for r in range(self.repeats)
-                for m in self.models for shape in shapes[m] for b in self.backends for p in self.precisions
+        return [Point(m, b, p, bs, t, a, shape, r, self.dataset_of(m), config, test, fpmath, env)
+                for r in range(self.repeats) for m in self.models for shape in shapes[m] for b in self.backends
+                for p, fpmath in fpmath_configs(self.precisions, self.fpmath_modes)
                 for bs in self.batch_sizes for t in (self.threads or default_threads) for a in self.allocators
-                for test in tests]
+                for env in self.env_settings() for test in tests]
+
+    def env_settings(self) -> list[tuple]:
+        """Every combination of the runtime variables' values, ((VARIABLE, value), ...) each; [()] for none."""
+        combos = [()]
+        for axis in env_axes.ENV_AXES:
+            values = getattr(self, axis.key)
+            if values is not None:
+                combos = [(*c, (axis.variable, v)) for c in combos for v in values]
+        return combos
 
 
 @dataclass
@@ -380,8 +417,8 @@ def finished_points(out: Path, machine: str | None = None) -> set[str]:
 
 
 def point_env(point: Point, binding, base=None) -> dict:
-    """The child's environment: threads, binding and allocator in place before it imports torch."""
-    return child_env(point.threads, point.allocator, binding, base)
+    """The child's environment: threads, binding, allocator and runtime variables in place before it imports torch."""
+    return child_env(point.threads, point.allocator, binding, base, point.env)
 
 
 @dataclass
@@ -412,6 +449,7 @@ def launch_of(point: Point, cfg: SweepConfig, out: Path, topology, numa_cpus=Non
     argv = run_argv(point.model, dict(point.shape), backend=point.backend, precision=point.precision,
                     batch_size=point.batch_size, threads=point.threads, timeout=cfg.timeout, output=out,
                     point_id=point.point_id, probe=cfg.probe, json=True, config_override=list(point.config) or None,
+                    fpmath_mode=point.fpmath if point.fpmath != "strict" else None,
                     tune=cfg.tune, **_file_input_flags(point, cfg),
                     **_dataset_flags(point, cfg), **extra)
     return Launch(point, spec, binding, env, argv)
@@ -507,7 +545,8 @@ def _stop_taker(taker: Taker, cfg: SweepConfig, out: Path, interrupted: bool = F
 
 def _record(out, point: Point, spec, status: str, reason: str, binding, crash: dict | None = None) -> str:
     record_failure(out, spec, point.backend, point.precision, point.batch_size, point.threads,
-                   spec.shape(**dict(point.shape)), status, reason, binding, point.point_id, point.allocator, crash)
+                   spec.shape(**dict(point.shape)), status, reason, binding, point.point_id, point.allocator, crash,
+                   fpmath=point.fpmath, settings=point.env)
     return status
 
 
@@ -528,6 +567,8 @@ def _run_sweep(cfg: SweepConfig, out: Path, quiet: bool) -> SweepSummary:
     points = cfg.points(default_threads)
     for t in sorted({p.threads * (p.serving[2] if p.serving else 1) for p in points}):
         topology.pick_cpus(t, numa_cpus)         # too many threads for this machine: say so before running
+    for mode in cfg.fpmath_modes:
+        check_cpu(mode)                          # a fast-math mode this CPU cannot compute natively, likewise
     done = finished_points(out, machine_fingerprint(capture({"machine_cpus": machine_cpus()})))
     todo = [p for p in points if p.point_id not in done and p.legacy_point_id not in done]
     statuses: dict[str, int] = {}

@@ -49,6 +49,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("-p", "--precision", default="fp32",
                    help=f"one of {', '.join(PRECISIONS)}, a comma list, or 'all' (default fp32)")
+    p.add_argument("--fpmath-mode", default="strict", metavar="MODE",
+                   help="fp32's fast math: strict (default), bf16 (fp32 weights, GEMMs and convolutions computed on "
+                        "bf16 operands: oneDNN's fpmath mode in torch, OpenVINO's inference precision), f16 where the "
+                        "CPU has fp16 arithmetic; a comma list measures each (strict,bf16)")
     p.add_argument("-b", "--batch-size", type=positive("-b/--batch-size"), default=1)
     p.add_argument("-t", "--threads", default=None,
                    help="threads (default: AIO_NUM_THREADS, else OMP_NUM_THREADS, else physical cores)")
@@ -117,14 +121,16 @@ def machine_cpus() -> int:
     return int(value) if value.isdigit() else len(os.sched_getaffinity(0))
 
 
-def child_env(threads: int, allocator: str, binding, base=None) -> dict:
-    """A worker's environment: threads, binding and allocator in place before it imports torch."""
-    from ..machine import allocators
+def child_env(threads: int, allocator: str, binding, base=None, settings=()) -> dict:
+    """A worker's environment: threads, binding, allocator and torch's runtime variables (`settings`,
+    ((VARIABLE, value), ...): machine/env_axes.py) in place before it imports torch."""
+    from ..machine import allocators, env_axes
 
     env = dict(os.environ if base is None else base)
     env.setdefault(MACHINE_CPUS_ENV, str(machine_cpus()))
     env.update(binding.child_env(threads))
     env.update(allocators.env_for(allocator, env))
+    env.update(env_axes.env_for(settings))
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
@@ -158,6 +164,23 @@ def config_argv(model: str | None, args: argparse.Namespace) -> list[str]:
 
 
 LAUNCHERS = ("process", "inline")
+
+
+def fpmath_setting(modes, precisions: list[str], inline: bool) -> list[tuple[str, str]]:
+    """(precision, fast-math mode) of every configuration `--fpmath-mode` (or benchmark's `fpmath_mode`: a
+    comma list or a list) asks for with `precisions`, each mode checked against this CPU; several modes need a
+    process per configuration (torch's setting is the process's)."""
+    from ..core.precision import fpmath_configs
+    from ..machine.fpmath import check_cpu
+
+    modes = split_items(modes, "--fpmath-mode") if isinstance(modes, str) else list(modes)
+    pairs = fpmath_configs(precisions, modes)
+    for mode in modes:
+        check_cpu(mode)
+    if inline and len(modes) > 1:
+        raise UsageError(f"--fpmath-mode {','.join(modes)} in one process cannot be: torch's fast math is the "
+                         "process's; accepted: one mode with --launcher inline, or the process launcher (default)")
+    return pairs
 
 
 def launcher_setting(value: str | None = None) -> str:
@@ -240,15 +263,22 @@ def failure_of(outcome, phase: str | None = None) -> tuple[str, str, dict | None
 
 def record_failure(out, spec, backend: str, precision: str, batch_size: int, threads: int, shape: dict,
                    status: str, reason: str, binding=None, point_id: str | None = None,
-                   allocator: str = "default", crash: dict | None = None, run_id: str | None = None) -> res.Result:
-    """Append the record of a point whose process crashed, hung or never started (its own record never came)."""
+                   allocator: str = "default", crash: dict | None = None, run_id: str | None = None,
+                   fpmath: str = "strict", settings=()) -> res.Result:
+    """Append the record of a point whose process crashed, hung or never started (its own record never came):
+    its configuration as the process would have recorded it (fast-math mode, runtime variables `settings`)."""
     r = res.Result.for_config(spec, backend, precision, batch_size, threads, shape, status=status, reason=reason,
-                              point_id=point_id, crash=crash, **({"run_id": run_id} if run_id else {}))
+                              point_id=point_id, crash=crash, **({"run_id": run_id} if run_id else {}),
+                              fpmath={"mode": fpmath} if precision == "fp32" else None)
     if binding is not None:
         r.binding = {"method": binding.method, "cores": list(binding.cores),
                      "membind": list(binding.membind) if binding.membind else None}
         r.warnings = list(binding.warnings)
-    r.env = {**capture({"machine_cpus": machine_cpus()}), "allocator": allocator}      # the machine it was to run on, like a measured record
+    from ..machine import env_axes
+
+    # the machine it was to run on, like a measured record, and the variables its process would have had
+    r.env = {**capture({"machine_cpus": machine_cpus()}), "allocator": allocator,
+             "env_axes": env_axes.in_use({**os.environ, **env_axes.env_for(settings)})}
     res.append(out, r)
     logger.warning("%s %s/%s: %s: %s", spec.name, backend, precision, status, reason)
     return r

@@ -56,7 +56,8 @@ def block(dataset, scored: Scored, reference: dict | None, predictions_file: Pat
 
 def verdict(accuracy: dict, precision: str) -> str | None:
     """Why a configuration's scores fall too far behind eager fp32's on the same samples (below it, or above
-    it for an error rate or perplexity: core/scores.py), or None when they do not."""
+    it for an error rate or perplexity: core/scores.py), or None when they do not. `precision`: whose allowance
+    applies (core/precision.judged_as: fp32 in a fast-math mode has the narrower type's)."""
     limit = DROP_MAX[precision]
     for name, value in accuracy["metrics"].items():
         reference = (accuracy.get("reference") or {}).get(name)

@@ -60,7 +60,7 @@ def _floats(arrays):
 class Check:
     """The comparison of one backend's outputs with eager fp32's."""
 
-    precision: str
+    precision: str                     # whose tolerances judged it (core/precision.judged_as: fp32 in fast math too)
     passed: bool
     reason: str | None
     metrics: dict
@@ -68,7 +68,8 @@ class Check:
     abs_err_max: float | None = None   # probabilities: the largest absolute error allowed (PROBABILITY_ERR_MAX)
 
     def to_dict(self) -> dict:
-        tolerance = {"cosine_min": COSINE_MIN[self.precision], "agreement_min": AGREEMENT_MIN[self.precision]}
+        tolerance = {"precision": self.precision, "cosine_min": COSINE_MIN[self.precision],
+                     "agreement_min": AGREEMENT_MIN[self.precision]}
         if self.abs_err_max is not None:
             tolerance["abs_err_max"] = self.abs_err_max
         return {"reference": self.reference, "passed": self.passed, "reason": self.reason, **self.metrics,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..backends import BACKENDS, PrepareContext, get_backend
 from ..backends.artifacts import weights_digest
+from ..backends.base import FPMATH_READ_BACK
 from ..compat.torchvision_shim import torchvision_status
 from ..core import interrupts, scores
 from ..core import precision as prec
@@ -15,6 +16,7 @@ from ..core import records as res
 from ..core.errors import UnsupportedError, UsageError
 from ..core.log import logger
 from ..datasets import DEFAULT_DATASET, Dataset, get_dataset
+from ..machine import env_axes, fpmath
 from ..machine.contention import CONTENDED_CORES
 from ..machine.environment import capture
 from ..machine.threads import ThreadChoice, apply_threads
@@ -51,6 +53,9 @@ class RunRequest:
     probe: bool = False              # measure the machine probe after every round (machine/probe.py)
     profile: bool = False            # profiled passes after the timed ones (measurement/profile.py)
     flops_per_pass: int | None = None  # filled by run(): FLOPs of one pass (zoo models), for % of machine peak
+    # fp32's fast-math mode (core/precision.FPMATH_MODES), one per process: torch's setting is the process's. The
+    # eager fp32 reference outputs and scores are made strict before it is turned on.
+    fpmath: str = "strict"
 
     def __post_init__(self):
         if self.scenario is None:
@@ -59,6 +64,11 @@ class RunRequest:
             self.precisions = [self.precisions]
         for p in self.precisions:
             prec.validate(p)
+        prec.fpmath_configs(self.precisions, [self.fpmath])
+        if self.fpmath != "strict" and set(self.precisions) != {"fp32"}:
+            raise UsageError(f"--fpmath-mode {self.fpmath} with {', '.join(self.precisions)} in one process would "
+                             "reach the float layers of every precision; accepted: -p fp32 alone, or a process per "
+                             "configuration (--launcher process, the default)")
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise UsageError(f"batch size {self.batch_size!r} is invalid; accepted: a whole number >= 1")
         for name in self.backends:
@@ -160,6 +170,8 @@ def _run(req: RunRequest, out_dir: Path | None, run_id: str | None, reference: b
         first = reference_pass()
         reference_output = req.spec.checked_output(reference_pass, first, first)
         reference = _reference_accuracy(req, module, inputs)
+    if req.fpmath in fpmath.TORCH_MODES:           # after the strict reference: every configuration here runs in it
+        fpmath.apply_torch(req.fpmath)
     _count_flops(req)
     blank = _blank_record(req, run_id or res.new_run_id(), threads_in_effect)
     ctx = PrepareContext(
@@ -170,7 +182,8 @@ def _run(req: RunRequest, out_dir: Path | None, run_id: str | None, reference: b
         time_passes=time_passes, make_pass=lambda prepared: req.spec.make_pass(prepared, req.shape),
         # aio's tuning judges each strategy's first output as the record of it would be
         check=lambda output, precision: _compare(req, reference_output, req.spec.checked_output(None, output, None),
-                                                 precision, blank.weights).reason)
+                                                 precision, blank.weights).reason,
+        fpmath=req.fpmath)
     candidates = []
     for backend_name, precision in configs:
         cand = _Candidate(backend_name, precision, res.Result.from_dict(
@@ -204,7 +217,7 @@ def _profile(cand: _Candidate, out_dir: Path | None) -> None:
     """Profiled passes of a measured configuration, after its timed ones (they never change its timings)."""
     from . import profile
 
-    trace = profile.trace_path(out_dir, cand.result.run_id, cand.backend, cand.precision)
+    trace = profile.trace_path(out_dir, cand.result.run_id, cand.backend, _tag(cand))
     try:
         cand.result.metrics["profile"] = profile.profile_prepared(cand.prepared, cand.measurement.fn, trace=trace)
     except Exception as exc:  # noqa: BLE001  (a profile that cannot be taken costs only the profile)
@@ -241,7 +254,8 @@ def _blank_record(req: RunRequest, run_id: str, threads_in_effect: int) -> res.R
         threads=req.threads.threads, input_shape=req.spec.input_shape(req.batch_size, req.shape), weights=weights,
         weights_path=weights_path,
         confidence_target={"ci_rel_halfwidth": req.rule.ci_target, "confidence": req.rule.confidence},
-        binding=binding, env=capture({**torchvision_status()}), run_id=run_id, warnings=binding_warnings,
+        binding=binding, env=capture({**torchvision_status(), "env_axes": env_axes.in_use()}), run_id=run_id,
+        warnings=[*binding_warnings, *filter(None, [fpmath.default_warning()])],
         point_id=req.point_id, instances=req.scenario.instances, instance=req.scenario.instance(),
         scenario=req.scenario.record(), dataset=req.dataset.name)
 
@@ -308,11 +322,15 @@ def _prepare(cand: _Candidate, req: RunRequest, module, inputs, ctx: PrepareCont
     import torch
 
     result, backend = cand.result, BACKENDS[cand.backend]
-    reason = backend.unavailable_reason() or backend.unsupported_reason(req.spec, cand.precision)
+    if cand.precision == "fp32":
+        result.fpmath = {"mode": req.fpmath}
+    reason = (backend.unavailable_reason() or backend.unsupported_reason(req.spec, cand.precision)
+              or (backend.fpmath_reason(req.fpmath) if cand.precision == "fp32" else None))
     if reason:
         result.status, result.reason = "unsupported", reason
         return
-    logger.info("preparing %s on %s at %s", req.spec.name, cand.backend, cand.precision)
+    logger.info("preparing %s on %s at %s", req.spec.name, cand.backend, cand.precision
+                + (f" in fpmath {req.fpmath}" if cand.precision == "fp32" and req.fpmath != "strict" else ""))
     start = time.perf_counter()
     first_output = None
     try:
@@ -337,10 +355,28 @@ def _prepare(cand: _Candidate, req: RunRequest, module, inputs, ctx: PrepareCont
     result.prepare_s = round(time.perf_counter() - start, 3)
     logger.debug("%s prepared in %.1f s", cand.backend, result.prepare_s)
     result.precision_mode = prepared.precision_mode
+    if cand.precision == "fp32":
+        _fpmath_read_back(result, prepared.info.pop(FPMATH_READ_BACK, None), req.fpmath)
     result.backend_info = prepared.info
     result.strategy = prepared.info.get("strategy", cand.backend)
     cand.measurement = Measurement(one_pass, req.rule, first_output=first_output)
     cand.prepared = prepared
+
+
+def _fpmath_read_back(result: res.Result, engine: dict | None, mode: str) -> None:
+    """The record's fast-math mode as read back: the engine's own setting where it has one, else torch's (and
+    the kernels oneDNN picks under it), with a warning when those kernels compute fp32 all the same."""
+    read_back = engine if engine is not None else fpmath.torch_read_back(mode)
+    result.fpmath = {"mode": mode, "read_back": read_back}
+    warning = fpmath.kernel_warning(read_back, mode)
+    if warning:
+        result.warnings.append(warning)
+
+
+def _tag(cand: _Candidate) -> str:
+    """The precision in the names of a configuration's files (predictions, traces), with its fast-math mode."""
+    mode = cand.result.fpmath_mode
+    return cand.precision if mode == "strict" else f"{cand.precision}-fpmath-{mode}"
 
 
 def _check(cand: _Candidate, req: RunRequest, reference_output, weights: str) -> None:
@@ -355,9 +391,10 @@ def _check(cand: _Candidate, req: RunRequest, reference_output, weights: str) ->
 
 
 def _compare(req: RunRequest, reference_output, output, precision: str, weights: str):
-    """The output check of `output` (as `spec.checked_output` gives it) against the reference's; agreement is
-    judged only for real weights."""
-    return check_outputs(req.spec.task, reference_output, output, precision,
+    """The output check of `output` (as `spec.checked_output` gives it) against the reference's, at the tolerances
+    of the precision it computes in (fp32 in fast math: the narrower type's); agreement is judged only for real
+    weights."""
+    return check_outputs(req.spec.task, reference_output, output, prec.judged_as(precision, req.fpmath),
                          judge_agreement=not weights.startswith("random"),
                          reference_name=getattr(req.module, "reference", "eager-fp32"))
 
@@ -385,7 +422,7 @@ def _accuracy(active: list[_Candidate], req: RunRequest, module, reference: accu
         if r.status not in ("ok", "fail_accuracy"):
             continue
         try:
-            if (cand.backend, cand.precision) == ("eager", "fp32"):
+            if (cand.backend, cand.precision, r.fpmath_mode) == ("eager", "fp32", "strict"):
                 found = reference            # the same module on the same samples: scored once
             else:
                 logger.info("scoring %s/%s on %s", cand.backend, cand.precision, req.dataset.name)
@@ -399,10 +436,10 @@ def _accuracy(active: list[_Candidate], req: RunRequest, module, reference: accu
         except Exception as exc:  # noqa: BLE001  (a backend failing on a later batch: its record says why)
             r.status, r.reason = "failed", "scoring the dataset: " + _classify(exc)[1]
             continue
-        saved = accuracy.save_predictions(out_dir, run_id, cand.backend, cand.precision, found.predictions)
+        saved = accuracy.save_predictions(out_dir, run_id, cand.backend, _tag(cand), found.predictions)
         r.accuracy = accuracy.block(req.dataset, found, reference.metrics, saved,
                                     req.dataset.protocol(req.spec, req.shape))
-        why = accuracy.verdict(r.accuracy, cand.precision)
+        why = accuracy.verdict(r.accuracy, prec.judged_as(cand.precision, req.fpmath))
         if why and r.status == "ok":
             r.status, r.reason = "fail_accuracy", why
     return None
@@ -463,7 +500,7 @@ def _observed_cores(m: Measurement, r: res.Result) -> None:
     if cores > r.threads + _CORES_SLACK:
         r.warnings.append(f"{r.backend} kept {cores:.2f} cores busy with {r.threads} thread(s) requested: "
                           "it does not respect the thread setting")
-        logger.warning("%s/%s: %s", r.backend, r.precision, r.warnings[-1])
+        logger.warning("%s: %s", r.label, r.warnings[-1])
 
 
 def _contention(m: Measurement, r: res.Result) -> None:
@@ -479,7 +516,7 @@ def _contention(m: Measurement, r: res.Result) -> None:
     if busy > limit:
         r.warnings.append(f"other processes kept {busy:.2f} of this run's cores busy while it measured"
                           + (f" ({spare} spare)" if spare else "") + ": its timings are not representative")
-        logger.warning("%s/%s: %s", r.backend, r.precision, r.warnings[-1])
+        logger.warning("%s: %s", r.label, r.warnings[-1])
 
 
 def res_summary(values_ns) -> dict:
@@ -491,9 +528,11 @@ def res_summary(values_ns) -> dict:
 
 def _speedups(candidates: list[_Candidate], reference_ms: float | None = None) -> None:
     """Each ok record's speedup over eager fp32 of the same run: measured here, or in another process of the
-    run (`reference_ms`, when each configuration has a process of its own)."""
-    ref = next((c.result for c in candidates if c.backend == "eager" and c.precision == "fp32"
-                and c.result.status == "ok"), None)
+    run (`reference_ms`, when each configuration has a process of its own). Eager fp32 strict where it ran; in a
+    process whose every configuration runs in a fast-math mode, eager fp32 in it."""
+    eager = sorted((c.result for c in candidates if c.backend == "eager" and c.precision == "fp32"
+                    and c.result.status == "ok"), key=lambda r: r.fpmath_mode != "strict")
+    ref = eager[0] if eager and (eager[0].fpmath_mode == "strict" or not reference_ms) else None
     reference_ms = ref.median_ms if ref is not None else reference_ms
     if not reference_ms:
         return
