@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Self
 
 from ..core import records as res
-from ..core.errors import UsageError
+from ..core.errors import SetupError, UsageError
 from ..core.log import logger
 from ..core.processes import Isolated
 from ..machine.binding import plan, probe
@@ -477,6 +477,12 @@ class Session:
         from ..machine.topology import read_topology
         from ..models import get_model
 
+        try:                      # before any instance starts
+            import mlperf_loadgen  # noqa: F401
+        except ImportError as exc:
+            raise SetupError(f"the serving scenarios need MLPerf LoadGen, which cannot be imported ({exc}): pip install "
+                             "-c constraints.txt mlcommons-loadgen (on aarch64 it builds from source with g++ and "
+                             "Python's headers; setup.sh does)") from None
         self.model, self.backend, self.precision, self.batch_size = model, backend, precision, batch_size
         self.instances, self.threads, self.out = instances, threads_per_instance, Path(out)
         self.shape, self.allocator, self.config = dict(shape or {}), allocator, list(config or [])
