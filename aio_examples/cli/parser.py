@@ -59,9 +59,9 @@ def _add_drivers(sub) -> None:
     sw.add_argument("--fpmath-modes", type=comma_list("--fpmath-modes"), default=None,
                     help="comma list of fp32's fast-math modes, strict, bf16, f16, each a point of its own (as run "
                          "--fpmath-mode; default strict)")
-    sw.add_argument("--lru-cache-capacity", type=ints("--lru-cache-capacity", 0), default=None,
-                    help="comma list of LRU_CACHE_CAPACITY values (oneDNN primitives torch keeps for reuse; 0: none), "
-                         "each a point of its own (default: as the environment has it)")
+    sw.add_argument("--lru-cache-capacity", type=ints("--lru-cache-capacity"), default=None,
+                    help="comma list of LRU_CACHE_CAPACITY values (oneDNN primitives torch keeps for reuse), each a "
+                         "point of its own (default: as the environment has it)")
     sw.add_argument("--thp-mem-alloc", type=ints("--thp-mem-alloc", 0), default=None,
                     help="comma list of THP_MEM_ALLOC_ENABLE values, 0 and/or 1 (torch's large CPU allocations on "
                          "transparent huge pages), each a point of its own (default: as the environment has it)")

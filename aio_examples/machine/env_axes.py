@@ -1,8 +1,9 @@
 """torch runtime settings that are environment variables, read once when the process starts: sweep axes like the
 allocator (machine/allocators.py), set in a point's environment before it imports torch.
 
-- `LRU_CACHE_CAPACITY`: how many oneDNN primitives torch keeps created for reuse (0: none kept, every call creates
-  its own), which a model with many distinct shapes can outgrow.
+- `LRU_CACHE_CAPACITY`: how many oneDNN primitives torch keeps created for reuse, which a model with many distinct
+  shapes can outgrow. 0 (none kept) is refused: torch 2.13 segfaults at its first strided 7x7 convolution with it
+  here (resnet_18's stem), so every conv net would only record a crash.
 - `THP_MEM_ALLOC_ENABLE`: 1 lets torch's CPU allocator align large allocations to huge pages and advise the
   kernel to back them with transparent huge pages (fewer TLB misses and page faults); 0 or unset does not.
 
@@ -26,7 +27,7 @@ class EnvAxis:
 
 
 ENV_AXES = (
-    EnvAxis("lru_cache_capacity", "LRU_CACHE_CAPACITY", "whole numbers >= 0 (0: no primitive kept for reuse)", 0),
+    EnvAxis("lru_cache_capacity", "LRU_CACHE_CAPACITY", "whole numbers >= 1 (torch crashes at 0)", 1),
     EnvAxis("thp_mem_alloc", "THP_MEM_ALLOC_ENABLE", "0 or 1", 0, 1),
 )
 VARIABLES = tuple(a.variable for a in ENV_AXES)

@@ -37,9 +37,9 @@ def accepted(flags) -> tuple[str, ...]:
 
 
 def cpu_flags() -> list[str]:
-    from .environment import capture
+    from .cpuinfo import read_cpu
 
-    return list(capture().get("isa") or [])
+    return read_cpu()["flags"]
 
 
 def check_cpu(mode: str, flags=None) -> str:
