@@ -1,7 +1,7 @@
 """Compare two runs and say what got slower, with statistics instead of a fixed percentage rule.
 
 A configuration is (model, backend, precision, batch size, threads, instances, allocator, input shape,
-machine fingerprint). For each configuration present on both sides the relative change of the median
+machine fingerprint, fp32's fast-math mode, torch's runtime variables: `Result.key`). For each configuration present on both sides the relative change of the median
 latency (and of throughput) gets a confidence interval, and a verdict:
 
 * `regression` / `improvement`: beyond the threshold and significant (the interval excludes no change),
@@ -51,7 +51,8 @@ from .noise import MIN_SPREAD_CONFIGS, Noise, between_run_noise, take_out_machin
 from .runs import LIBRARIES, Run
 
 VERDICTS = ("regression", "suspicious", "improvement", "unchanged")
-IGNORABLE = ("threads", "batch_size", "instances", "allocator", "shape", "scenario", "dataset", "machine")
+IGNORABLE = ("threads", "batch_size", "instances", "allocator", "shape", "scenario", "dataset", "machine", "fpmath",
+             "env_axes")
 DEFAULT_THRESHOLD = 0.05
 TOGETHER = 0.8           # this share of the configurations moving the same way is the whole run moving
 # Largest fall of a task metric (a fraction) that is not an accuracy regression: eager fp32 against itself on

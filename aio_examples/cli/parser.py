@@ -206,7 +206,7 @@ def _add_analysis(sub) -> None:
     cp.add_argument("--output", default=None, help="write to this file instead of printing")
     cp.add_argument("--ignore", default=None,
                     help="comma list of fields left out of matching: threads, batch_size, instances, allocator, "
-                         "shape, machine")
+                         "shape, machine, fpmath (strict against fast math), env_axes")
     cp.add_argument("--history", default=None, help=history_help)
     hp = sub.add_parser("history", help="the history store of runs: add, list, show")
     hsub = hp.add_subparsers(dest="action", required=True, parser_class=Parser)

@@ -67,8 +67,9 @@ class ConfigKey(NamedTuple):
 
     @property
     def setting(self) -> tuple:
-        """Everything but backend and precision: the configurations a speedup over eager fp32 compares."""
-        return tuple(v for k, v in zip(KEY_FIELDS, self, strict=True) if k not in ("backend", "precision"))
+        """Everything but backend, precision and fast-math mode: the configurations a speedup over eager fp32
+        (strict) compares."""
+        return tuple(v for k, v in zip(KEY_FIELDS, self, strict=True) if k not in ("backend", "precision", "fpmath"))
 
     def __str__(self) -> str:
         return " ".join(str(v) for v in self)

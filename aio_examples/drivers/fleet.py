@@ -404,7 +404,8 @@ def _failure(point: Point, facts: dict, reason: str, **fields) -> dict:
     """The record of a point that ended without one of its own, on the machine of the node it ran on."""
     r = res.Result.for_config(point.spec, point.backend, point.precision, point.batch_size, point.threads,
                               point.spec.shape(**dict(point.shape)), status="failed", reason=reason,
-                              point_id=point.point_id, **fields)
-    r.env = {**facts["env"], "allocator": point.allocator,
+                              point_id=point.point_id, fpmath={"mode": point.fpmath} if point.precision == "fp32"
+                              else None, **fields)
+    r.env = {**facts["env"], "allocator": point.allocator, "env_axes": point.env_axes,
              "node": {k: facts[k] for k in ("node_id", "address", "labels")}}
     return r.to_dict()

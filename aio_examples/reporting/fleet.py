@@ -306,7 +306,8 @@ def _side_shown(fl: Fleet):
     for col in wide.columns:
         if col[1] in FIGURES.values():
             wide[col] = wide[col].map(_num("{:.2f}"))
-    keep = [c for c in wide.columns if c[0] not in ("allocator", "scenario", "dataset") or wide[c].nunique() > 1]
+    keep = [c for c in wide.columns
+            if c[0] not in ("allocator", "scenario", "dataset", "fpmath", "env_axes") or wide[c].nunique() > 1]
     return wide[keep].rename(columns={"batch_size": "batch"}, level=0)
 
 

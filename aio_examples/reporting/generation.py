@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..core.paths import safe_name
 from ..core.records import KEY_FIELDS, Result
-from .plots import plot_decode_lines, plot_decode_roofline
+from .plots import default_runtime, plot_decode_lines, plot_decode_roofline
 
 MIB = 2 ** 20
 # Summary columns, in order: (column, block field, percentile or scale).
@@ -83,9 +83,9 @@ def frame(records):
 
 
 def _setting(rows) -> dict | None:
-    """Where a model's generation charts compare: one instance, the default allocator, the first machine, the
+    """Where a model's generation charts compare: one instance, the default runtime, the first machine, the
     smallest batch and the most threads measured."""
-    ok = rows[(rows.status == "ok") & (rows.instances == 1) & (rows.allocator == "default")]
+    ok = rows[(rows.status == "ok") & (rows.instances == 1) & default_runtime(rows)]
     ok = ok[ok.decode_tokens_per_s.notna()]
     if ok.empty:
         return None

@@ -59,9 +59,15 @@ def _line_plot(rows, x: str, y: str, ylabel: str, title: str, path: Path) -> Pat
     return save(fig, path)
 
 
+def default_runtime(df):
+    """The rows measured as a plain run is: the default allocator, strict fp32 math, torch's runtime variables
+    unset (the suite view and the charts compare backends and precisions there)."""
+    return (df.allocator == "default") & (df.fpmath == "strict") & (df.env_axes == "default")
+
+
 def plot_model(df, model: str, folder: Path) -> dict:
     """Latency vs threads, throughput vs batch size, and precisions, for one model (ok rows only)."""
-    ok = df[(df.model == model) & (df.status == "ok") & (df.instances == 1) & (df.allocator == "default")]
+    ok = df[(df.model == model) & (df.status == "ok") & (df.instances == 1) & default_runtime(df)]
     if ok.empty:
         return {}
     batch, threads = ok.batch_size.min(), ok.threads.max()

@@ -7,8 +7,8 @@ every other status is listed as such with its reason.
 
 The speedup over eager fp32 is the one measured in the same process when eager fp32 ran beside the
 configuration (`--backend all`, several precisions): those passes shared the machine's state. Otherwise it
-compares with the eager fp32 record of the same setting (model, task, batch, threads, instances, allocator,
-shape, scenario, dataset, machine). The suite view normalises every model to eager fp32 = 1.0 with the
+compares with the strict eager fp32 record of the same setting (model, task, batch, threads, instances, allocator,
+torch's runtime variables, shape, scenario, dataset, machine). The suite view normalises every model to eager fp32 = 1.0 with the
 geometric mean over the models that ran; configurations measured while other processes held their cores
 (`contention`) are marked and left out of it unless asked.
 
@@ -33,16 +33,16 @@ from ..core.paths import safe_name
 from ..core.records import KEY_FIELDS, Result
 from . import fleet, generation, profiles, serving
 from .page import STYLE, img
-from .plots import plot_accuracy, plot_instances, plot_model, plot_suite
+from .plots import default_runtime, plot_accuracy, plot_instances, plot_model, plot_suite
 
-KEYS = ["model", "backend", "precision", "batch_size", "threads", "instances", "allocator", "shape"]
+KEYS = ["model", "backend", "precision", "fpmath", "batch_size", "threads", "instances", "allocator", "env_axes", "shape"]
 COLUMNS = [*KEYS, "task", "scenario", "dataset", "status", "median_ms", "p90_ms", "p99_ms", "throughput", "unit",
            "speedup_vs_eager_fp32", "check", "strategy", "achieved_gflops", "peak_pct", "contention", "contended",
            "prepare_s", "measured_s", "machine", "host", "reason"]
 
 VS_EAGER = "_vs_eager_fp32"            # a metric's column of its change against eager fp32 (in points)
-# A configuration's setting: everything but backend and precision (ConfigKey.setting), as columns.
-SETTING = [f for f in KEY_FIELDS if f not in ("backend", "precision")]
+# A configuration's setting: everything but backend, precision and fast-math mode (ConfigKey.setting), as columns.
+SETTING = [f for f in KEY_FIELDS if f not in ("backend", "precision", "fpmath")]
 
 load_records = res.load_records        # the notebooks' name for it
 
@@ -91,7 +91,7 @@ def summary_frame(records, peaks: dict | None = None):
     if not rows:
         return pd.DataFrame(columns=COLUMNS)
     df = pd.DataFrame(rows).sort_values("timestamp", kind="stable").drop_duplicates(list(KEY_FIELDS), keep="last")
-    eager = df[(df.backend == "eager") & (df.precision == "fp32") & (df.status == "ok")]
+    eager = df[(df.backend == "eager") & (df.precision == "fp32") & (df.fpmath == "strict") & (df.status == "ok")]
     ref = dict(zip(eager.setting, eager.median_ms))
     df["speedup_vs_eager_fp32"] = [
         None if s != "ok" else own if own is not None and not pd.isna(own) else ref[k] / m if k in ref and m else None
@@ -205,7 +205,7 @@ def geomean_speedups(df, include_contended: bool = False):
 def suite_setting(df) -> dict | None:
     """The one setting the suite view compares models at: batch 1 (or the smallest), the most threads
     measured at it, a single instance, the default allocator and scenario, the first machine."""
-    single = df[(df.instances == 1) & (df.allocator == "default") & (df.scenario == "latency")]
+    single = df[(df.instances == 1) & default_runtime(df) & (df.scenario == "latency")]
     if single.empty:
         return None
     batch = int(single.batch_size.min())
@@ -219,7 +219,7 @@ def at_setting(df, setting: dict):
     """The rows at a suite setting (suite_setting): its batch, threads and machine, one instance, the default
     allocator, the latency scenario."""
     return df[(df.batch_size == setting["batch_size"]) & (df.threads == setting["threads"]) & (df.instances == 1)
-              & (df.allocator == "default") & (df.scenario == "latency") & (df.machine == setting["machine"])]
+              & default_runtime(df) & (df.scenario == "latency") & (df.machine == setting["machine"])]
 
 
 def suite_frame(df, include_contended: bool = False):

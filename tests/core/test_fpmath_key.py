@@ -40,6 +40,7 @@ def test_the_key_tells_fast_math_and_runtime_variables_apart_and_old_records_rea
     assert cached.key().env_axes == "LRU_CACHE_CAPACITY=0,THP_MEM_ALLOC_ENABLE=1" and old.key().env_axes == "default"
     assert cached.key() != old.key() and fast.key().setting != old.key().setting
     assert res.Result.from_dict(fast.to_dict()).key() == fast.key()          # written and read back
+    assert fast.key().ignoring(["fpmath"]) == strict.key().ignoring(["fpmath"])     # compare --ignore fpmath
     # the digest of a key made before these fields existed (a sweep's point id) is unchanged
     assert old.key().identity() == {k: v for k, v in old.key()._asdict().items() if k not in res.KEY_DEFAULTS}
     assert fast.key().identity()["fpmath"] == "bf16"
