@@ -38,7 +38,8 @@ def test_the_key_tells_fast_math_and_runtime_variables_apart_and_old_records_rea
     assert old.fpmath_mode == "strict" and old.key() == strict.key()
     assert fast.key() != strict.key() and fast.key().fpmath == "bf16" and fast.label == "eager/fp32 fpmath bf16"
     assert cached.key().env_axes == "LRU_CACHE_CAPACITY=0,THP_MEM_ALLOC_ENABLE=1" and old.key().env_axes == "default"
-    assert cached.key() != old.key() and fast.key().setting != old.key().setting
+    assert cached.key() != old.key() and cached.key().setting != old.key().setting
+    assert fast.key().setting == old.key().setting          # fast math's speedup is over strict eager fp32's
     assert res.Result.from_dict(fast.to_dict()).key() == fast.key()          # written and read back
     assert fast.key().ignoring(["fpmath"]) == strict.key().ignoring(["fpmath"])     # compare --ignore fpmath
     # the digest of a key made before these fields existed (a sweep's point id) is unchanged
