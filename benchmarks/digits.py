@@ -3,10 +3,12 @@
 scikit-learn ships 1,797 real 8x8 handwritten digits. This writes them as an ImageNet-style validation
 folder (PNG files and a `FILE CLASS` labels file) for the held-out split, trains a zoo classifier on the
 training split through the harness's own preprocessing (so evaluation sees what training saw), saves its
-state dict, and, run as a script, evaluates it on every backend at fp32/bf16/int8 and prints the report's
-accuracy-and-speed table:
+state dict, and, run as a script, evaluates it on every backend at fp32/bf16/int8 (and fp32 in each fast-math mode
+asked, `--fpmath-modes strict,bf16`) and prints the report's accuracy-and-speed table:
 
     python3 benchmarks/digits.py --output results/digits --backends all --precisions fp32,bf16,int8
+    python3 benchmarks/digits.py --output results/digits-fpmath --backends eager,openvino --precisions fp32 \
+        --fpmath-modes strict,bf16
 """
 
 import argparse
@@ -94,12 +96,14 @@ def main() -> int:
     parser.add_argument("--backends", default="all")
     parser.add_argument("--precisions", default="fp32,bf16,int8")
     parser.add_argument("--threads", default="2")
+    parser.add_argument("--fpmath-modes", default="strict", help="fp32's fast-math modes, as run --fpmath-mode")
     args = parser.parse_args()
     out = Path(args.output)
     images, labels, weights = prepare(out / "data", args.model, args.input_size)
     run = [sys.executable, "-m", "aio_examples", "run", args.model, "--dataset", f"imagenet:{images}",
            "--labels", str(labels), "--weights", str(weights), "--input-size", str(args.input_size),
-           "--backend", args.backends, "-p", args.precisions, "-t", args.threads, "-b", "8",
+           "--backend", args.backends, "-p", args.precisions, "--fpmath-mode", args.fpmath_modes, "-t", args.threads,
+           "-b", "8",
            "--output", str(out / "results")]
     subprocess.run(run, check=True)
     report = [sys.executable, "-m", "aio_examples", "report", str(out / "results"), "--output", str(out / "report")]
@@ -107,8 +111,9 @@ def main() -> int:
     import pandas as pd
 
     table = pd.read_csv(out / "report" / "summary.csv")
-    columns = ["backend", "precision", "status", "top_1", "top_1_vs_eager_fp32", "speedup_vs_eager_fp32", "median_ms"]
-    print(table[columns].sort_values(["precision", "backend"]).to_markdown(index=False, floatfmt=".2f"))
+    columns = ["backend", "precision", "fpmath", "status", "top_1", "top_1_vs_eager_fp32", "speedup_vs_eager_fp32",
+               "median_ms"]
+    print(table[columns].sort_values(["precision", "fpmath", "backend"]).to_markdown(index=False, floatfmt=".2f"))
     return 0
 
 
