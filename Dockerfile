@@ -4,8 +4,8 @@
 #   docker buildx build --platform linux/amd64,linux/arm64 -t aio-examples .
 # Behind a proxy or offline (docs/docker.md):
 #   --build-arg PIP_INDEX_URL=URL     a PyPI mirror (default: pypi.org)
-#   --build-arg TORCH_INDEX_URL=URL   where torch's CPU build comes from on amd64 (default: PyTorch's CPU
-#                                     index; empty: only PIP_INDEX_URL and the wheels folder)
+#   --build-arg TORCH_INDEX_URL=URL   where torch's CPU build comes from (default: PyTorch's CPU index, which
+#                                     serves both architectures; empty: only PIP_INDEX_URL and the wheels folder)
 #   --build-context wheels=DIR        a folder of wheels preferred to any index (e.g. torch-*+cpu-*.whl)
 #   --build-context certs=DIR         CA certificates (*.crt) trusted while installing, not kept in the image
 
@@ -39,11 +39,11 @@ ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PIP_DISABL
     AIO_NOTEBOOK_IP=0.0.0.0
 RUN python3 -m venv /opt/venv
 
-# Dependencies before the code, so a code change reuses this layer. torch first, its CPU build: on amd64
-# the +cpu wheel (a plain torch requirement would pull GBs of CUDA packages); arm64's torch on PyPI is
-# CPU-only and has no +cpu local version, so the pins drop it there.
-# TARGETARCH is set by buildx/BuildKit and podman; the legacy builder leaves it empty (then dpkg says).
-ARG TARGETARCH
+# Dependencies before the code, so a code change reuses this layer. torch's step first, as setup.sh does it:
+# torch and torchvision at the constraints' +cpu pins, from the torch index (PyPI's torch is a CUDA build on
+# both architectures, GBs of CUDA packages); then the rest without it. The base is a multi-architecture image
+# and the torch index serves both, so each platform's build picks its own wheels; on arm64, where LoadGen has
+# no wheel, pip builds it from source with the g++ above.
 ARG PIP_INDEX_URL=https://pypi.org/simple
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 WORKDIR /workspace/aio-examples
@@ -51,23 +51,15 @@ COPY --chown=aio:aio requirements.txt constraints.txt ./
 RUN --mount=type=bind,from=wheels,target=/tmp/wheels \
     --mount=type=bind,from=certs,target=/tmp/certs \
     set -eu; \
-    arch=${TARGETARCH:-$(dpkg --print-architecture)}; \
     tmp=$(mktemp -d); \
-    export PIP_FIND_LINKS=/tmp/wheels PIP_CONSTRAINT="$tmp/constraints.txt"; \
-    if [ "$arch" = amd64 ]; then \
-        cp requirements.txt constraints.txt "$tmp"/; \
-        [ -z "$TORCH_INDEX_URL" ] || export PIP_EXTRA_INDEX_URL="$TORCH_INDEX_URL"; \
-    else \
-        sed 's/^\(torch==[^+]*\)+cpu$/\1/' requirements.txt > "$tmp/requirements.txt"; \
-        sed 's/^\(torch==[^+]*\)+cpu$/\1/' constraints.txt > "$tmp/constraints.txt"; \
-    fi; \
-    grep -m1 '^torch==' "$tmp/constraints.txt" > "$tmp/torch.txt"; \
+    export PIP_FIND_LINKS=/tmp/wheels PIP_CONSTRAINT=/workspace/aio-examples/constraints.txt; \
     if [ -n "$(find /tmp/certs -maxdepth 1 -name '*.crt')" ]; then \
         cat /etc/ssl/certs/ca-certificates.crt /tmp/certs/*.crt > "$tmp/ca.pem"; \
         export PIP_CERT="$tmp/ca.pem"; \
     fi; \
-    pip install --no-cache-dir -r "$tmp/torch.txt"; \
-    pip install --no-cache-dir -r "$tmp/requirements.txt"; \
+    grep -E '^torch(vision)?==' constraints.txt > "$tmp/torch.txt"; \
+    pip install --no-cache-dir ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} -r "$tmp/torch.txt"; \
+    pip install --no-cache-dir -r requirements.txt; \
     pip check; \
     rm -rf "$tmp"
 

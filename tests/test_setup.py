@@ -273,9 +273,10 @@ def test_every_requirement_resolves_for_manylinux_2_28_aarch64_or_says_why_not(t
 
 
 def test_requirement_notes_are_what_setup_sh_reads():
-    """setup.sh's sed and the test's parser agree on the optional lines, each with a reason and a loss."""
-    sed = subprocess.run(["sed", "-n", r"s/^\([^ #]*\) *# aarch64 optional: \(.*\)$/\1 \2/p",
-                          str(ROOT / "requirements.txt")], capture_output=True, text=True, check=True).stdout
+    """setup.sh's own sed command and this test's parser find the same optional lines, each with why and a loss."""
+    script = re.search(r"sed -n '([^']*aarch64 optional[^']*)' requirements.txt", SETUP.read_text()).group(1)
+    sed = subprocess.run(["sed", "-n", script, str(ROOT / "requirements.txt")], capture_output=True, text=True,
+                         check=True).stdout
     parsed = [(r, note) for r, note in requirement_lines(ROOT / "requirements.txt") if note]
     assert [line.split(" ", 1) for line in sed.splitlines()] == [[r, n] for r, n in parsed]
     for requirement, note in parsed:
