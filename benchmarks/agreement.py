@@ -17,13 +17,15 @@ own tool, at the same threads, precision, batch (1) and shape, on the very file 
 - eager, latency median: `torch.utils.benchmark.Timer.adaptive_autorange` of the same pass, built in this process.
 
 A round is `--round-s` seconds of each (a text generator: one generation pass and one llama-bench repetition of
-each test); who goes first alternates (harness, tool, tool, harness, ...), so drift of a shared machine hits both.
-The harness's figure is its record's (all its passes); the tool's is the median of its samples over all rounds
-(benchmark_app's: of its per-round medians, the only figure it prints). A ratio off 1 by more than the tolerance
-(5%) is called out; docs/measurement.md explains the ones measured here.
+each test); who goes first alternates (harness, tool, tool, harness, ...), so drift of a shared machine hits both,
+and each round waits (up to `--quiet-wait`) for a moment other processes leave our cores alone.
+Each side's figure is the median of its per-round medians (the harness's rounds read from its record: its passes
+split by the counts its probe kept), so a round the machine was quiet for counts once on each side, however many
+passes it held; a generator's TTFT and TPOT p50 are over its passes, one a round. A ratio off 1 by more than the
+tolerance (5%) is called out; docs/measurement.md explains the ones measured here.
 
     python3 benchmarks/agreement.py [--pairs openvino,onnxruntime,llama_cpp,eager] [--rounds 6] [--round-s 5]
-        [--threads 2] [--tolerance 0.05] [--output results/agreement]
+        [--quiet-wait 30] [--threads 2] [--tolerance 0.05] [--output results/agreement]
 """
 
 import argparse
@@ -305,8 +307,9 @@ class Harness:
         # within a timeout the rounds do not reach
         self.seconds = 0.0 if pair.generator else args.round_s
         budget = args.rounds * (LLM_ROUND_S if pair.generator else args.round_s) * 2
+        # the probe (a few ms of reference work after each round) keeps each round's pass count: rounds of passes
         argv = run_argv(pair.model, {}, **_options(pair, args), timeout=budget,
-                        num_runs=args.rounds if pair.generator else None, output=folder)
+                        num_runs=args.rounds if pair.generator else None, probe=True, output=folder)
         self.taker = Taker.spawn(argv, dict(os.environ), None, args.rounds, context=pair, flag="--rounds")
         if not self.taker.wait_ready(PREPARE_TIMEOUT_S):
             record = self.stop()
@@ -330,19 +333,26 @@ class Harness:
         return records[-1]
 
 
-def harness_figures(record: dict) -> dict:
-    """figure -> the harness's ms, from its record."""
+def harness_rounds(record: dict) -> dict:
+    """figure -> the harness's ms per round, from its record. A latency's passes split into the rounds by the pass
+    counts its probe kept (`probe.rounds`); a generator's TTFT and TPOT per pass are kept as percentiles only, and
+    with one pass per round their p50 is already the median over the rounds."""
     generation = (record.get("metrics") or {}).get("generation")
     if generation:
-        return {"prefill": generation["ttft_ms"]["p50"], "decode": generation["tpot_ms"]["p50"]}
-    return {"latency": record["latency_ms"]["median"]}
+        return {"prefill": [generation["ttft_ms"]["p50"]], "decode": [generation["tpot_ms"]["p50"]]}
+    samples, medians = record["samples_ms"], []
+    for passes, *_ in record["probe"]["rounds"]:
+        medians.append(statistics.median(samples[:passes]))
+        samples = samples[passes:]
+    return {"latency": medians}
 
 
 # --- one pair, taking turns -------------------------------------------------------------------------------------
 
 def measure(pair: Pair, args, out: Path) -> list[dict]:
     """The rows of one pair (one per figure); a pair that cannot run gives one row saying why."""
-    from aio_examples.measurement.timing import ROUND_GAP_S
+    from aio_examples.machine.contention import CONTENDED_CORES
+    from aio_examples.measurement.timing import ROUND_GAP_S, wait_quiet
 
     folder = out / pair.label.replace(" ", "-").replace("(", "").replace(")", "")
     row = {"pair": pair, "figure": "-", "harness": None, "tool": None, "tool_name": TOOLS[pair.engine].name,
@@ -356,21 +366,22 @@ def measure(pair: Pair, args, out: Path) -> list[dict]:
         harness = Harness(pair, args, folder / "harness")
     except ToolError as exc:
         return [{**row, "note": str(exc)}]
-    samples: dict[str, list[float]] = {}
+    tool_rounds: dict[str, list[float]] = {}          # figure -> the tool's median of each round
     try:
         for i in range(args.rounds):
             steps = ("harness", "tool") if i % 2 == 0 else ("tool", "harness")
-            said = []
+            # both sides idle: whatever keeps our cores busy now is other processes'; their bursts pass
+            waited = wait_quiet(CONTENDED_CORES, args.quiet_wait)
+            said = [f"waited {waited:.0f} s for a quiet moment"] if waited >= 1 else []
             for step in steps:
                 if step == "harness":
                     harness.round()
                     continue
-                got = tool.round()
-                for figure, values in got.items():
-                    samples.setdefault(figure, []).extend(values)
-                said.append(", ".join(f"{FIGURES[f]} {statistics.median(v):.2f} ms" for f, v in got.items()))
+                for figure, values in tool.round().items():
+                    tool_rounds.setdefault(figure, []).append(statistics.median(values))
+                    said.append(f"{FIGURES[figure]} {tool_rounds[figure][-1]:.2f} ms")
                 time.sleep(ROUND_GAP_S)          # ORT's and OpenVINO's threads spin a while after their last pass
-            print(f"round {i + 1:2d} ({' then '.join(steps)}): {tool.name} {'; '.join(said)}", flush=True)
+            print(f"round {i + 1:2d} ({' then '.join(steps)}): {tool.name}: {', '.join(said)}", flush=True)
     except ToolError as exc:
         harness.stop()
         return [{**row, "note": str(exc)}]
@@ -382,9 +393,15 @@ def measure(pair: Pair, args, out: Path) -> list[dict]:
     if artefact != expected:
         return [{**row, "note": f"the harness ran {artefact}, the tool {expected}"}]
     others = (record.get("contention") or {}).get("busy_elsewhere_cores")
-    mine = harness_figures(record)
-    return [{**row, "figure": figure, "harness": mine[figure], "tool": statistics.median(samples[figure]),
-             "n": len(samples[figure]), "others": others} for figure in mine]
+    rows = []
+    for figure, mine in harness_rounds(record).items():
+        theirs = tool_rounds[figure]
+        if len(mine) == len(theirs):         # each harness round beside the tool round next to it in time
+            print(f"{FIGURES[figure]}, harness / tool by round: "
+                  f"{', '.join(f'{a / b:.3f}' for a, b in zip(mine, theirs, strict=True))}", flush=True)
+        rows.append({**row, "figure": figure, "harness": statistics.median(mine),
+                     "tool": statistics.median(theirs), "others": others})
+    return rows
 
 
 def verdict(row: dict, tolerance: float) -> str:
@@ -400,8 +417,8 @@ def table(rows: list[dict], tolerance: float) -> str:
     for r in rows:
         measured = r["harness"] is not None
         note = f" ({r['note']})" if r["note"] else ""
-        cells = ([f"{r['harness']:.2f}", r["tool_name"], f"{r['tool']:.2f} (n={r['n']})",
-                  f"{r['harness'] / r['tool']:.3f}", "-" if r["others"] is None else f"{r['others']:.2f}"]
+        cells = ([f"{r['harness']:.2f}", r["tool_name"], f"{r['tool']:.2f}", f"{r['harness'] / r['tool']:.3f}",
+                  "-" if r["others"] is None else f"{r['others']:.2f}"]
                  if measured else ["-", r["tool_name"], "-", "-", "-"])
         lines.append(f"| {r['pair'].label} | {FIGURES.get(r['figure'], '-')} | {' | '.join(cells)} | "
                      f"{verdict(r, tolerance)}{note} |")
@@ -414,6 +431,8 @@ def main() -> int:
     ap.add_argument("--precisions", default=None, help="only these precisions (default: each pair's)")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--round-s", type=float, default=5.0, help="seconds each side measures per round")
+    ap.add_argument("--quiet-wait", type=float, default=30.0,
+                    help="longest wait before a round for other processes to leave our cores alone (s)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tolerance", type=float, default=0.05)
     ap.add_argument("--output", default="results/agreement")
