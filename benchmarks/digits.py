@@ -97,13 +97,14 @@ def main() -> int:
     parser.add_argument("--precisions", default="fp32,bf16,int8")
     parser.add_argument("--threads", default="2")
     parser.add_argument("--fpmath-modes", default="strict", help="fp32's fast-math modes, as run --fpmath-mode")
+    parser.add_argument("--timeout", default="60", help="measured seconds per configuration, as run --timeout")
     args = parser.parse_args()
     out = Path(args.output)
     images, labels, weights = prepare(out / "data", args.model, args.input_size)
     run = [sys.executable, "-m", "aio_examples", "run", args.model, "--dataset", f"imagenet:{images}",
            "--labels", str(labels), "--weights", str(weights), "--input-size", str(args.input_size),
            "--backend", args.backends, "-p", args.precisions, "--fpmath-mode", args.fpmath_modes, "-t", args.threads,
-           "-b", "8",
+           "-b", "8", "--timeout", args.timeout,
            "--output", str(out / "results")]
     subprocess.run(run, check=True)
     report = [sys.executable, "-m", "aio_examples", "report", str(out / "results"), "--output", str(out / "report")]
