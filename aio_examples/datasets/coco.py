@@ -1,8 +1,10 @@
 """COCO object detection: a folder of images and its instances annotation file, scored by pycocotools.
 
-Boxes come back from the model at its input size and are mapped to the original image's coordinates (and
-clipped to it); the zoo's detectors number their classes by COCO category id (91 slots: torchvision's natively,
-YOLO's mapped from its 80 classes, models/yolo.py), so labels are ids.
+Images are scored as the model family's reference evaluation prepares them (`spec.preprocess`: torchvision's
+detection reference, Ultralytics' val), and the timed passes run on the first batch resized to the --input-size
+square. Boxes come back from the model in its input's pixels and are mapped to the original image's by each
+image's `Placement` (and clipped to it); the zoo's detectors number their classes by COCO category id (91 slots:
+torchvision's natively, YOLO's mapped from its 80 classes, models/yolo.py), so labels are ids.
 Predictions are written as COCO results JSON, which pycocotools (or anyone) rescores as it is.
 """
 
@@ -20,6 +22,10 @@ class Coco(LabelledDataset):
     name = "coco"
     tasks = ("object-detection",)
     path_kind = "a folder of COCO images, with its instances annotation file (--labels or COCO_ANNO_PATH)"
+
+    def __init__(self, *args, **kwargs):
+        self._placements = {}           # image id -> where its image sits in the model's input, for scoring
+        super().__init__(*args, **kwargs)
 
     def _index(self):
         if not self.path.is_dir():
@@ -46,19 +52,34 @@ class Coco(LabelledDataset):
     def _describe_sample(self, sample):
         return [sample[0].name, sample[1]]
 
+    def _preprocessed(self, spec, shape, samples) -> list:
+        """(input image, Placement) of each sample, as the model family's reference evaluation makes them."""
+        transform = spec.preprocess(shape)
+        return [load_image(path, transform) for path, _ in samples]
+
     def _inputs(self, spec, shape, module, samples):
+        preprocessed = self._preprocessed(spec, shape, samples)
+        for (_, image_id), (_, placement) in zip(samples, preprocessed, strict=True):
+            self._placements[image_id] = placement
+        return spec.collate([image for image, _ in preprocessed], shape)
+
+    def example_inputs(self, spec, batch_size, shape, module):
+        """The first batch, each image resized (bilinear) to the --input-size square: the timed passes run at one
+        fixed shape, where the reference's sizes vary by image."""
         import torch
 
-        transform = spec.preprocess(shape)
-        self._scales = {}
-        tensors = []
-        for path, image_id in samples:
-            tensor, self._scales[image_id] = load_image(path, transform)
-            tensors.append(tensor)
-        return (torch.stack(tensors),)
+        side = shape["input_size"]
+        chunk = self.samples[:batch_size]
+        images = [image if image.shape[-2:] == (side, side) else
+                  torch.nn.functional.interpolate(image[None], size=(side, side), mode="bilinear")[0]
+                  for image, _ in self._preprocessed(spec, shape, chunk + [chunk[-1]] * (batch_size - len(chunk)))]
+        return spec.collate(images, shape)
 
     def _target(self, sample):
-        return (sample[1], self._scales[sample[1]])
+        return (sample[1], self._placements[sample[1]])
+
+    def protocol(self, spec, shape):
+        return spec.reference_protocol(shape)
 
     def ground_truth(self):
         """The annotation file as pycocotools reads it (once per dataset)."""
@@ -87,12 +108,12 @@ class CocoEvaluation(Evaluation):
         self.ground_truth, self.results, self.image_ids = ground_truth, [], []
 
     def add(self, batch, outputs):
-        for (image_id, (sx, sy)), (boxes, labels, scores) in zip(batch.targets, detections(outputs), strict=False):
+        for (image_id, placement), (boxes, labels, scores) in zip(batch.targets, detections(outputs), strict=False):
             self.image_ids.append(image_id)
             # clipped to the image: a letterboxed input (YOLO's) has padding that boxes reach into
             image = self.ground_truth.imgs.get(image_id, {})
             size = [image.get("width", np.inf), image.get("height", np.inf)]
-            boxes = np.clip(boxes * (sx, sy, sx, sy), 0, size * 2)
+            boxes = np.clip(placement.to_original(boxes), 0, size * 2)
             for (x1, y1, x2, y2), label, score in zip(boxes, labels, scores, strict=True):
                 self.results.append({"image_id": image_id, "category_id": int(label), "score": round(float(score), 5),
                                      "bbox": [round(float(v), 2) for v in (x1, y1, x2 - x1, y2 - y1)]})

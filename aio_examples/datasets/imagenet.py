@@ -68,16 +68,17 @@ class ImageNet(LabelledDataset):
         return [str(sample[0].relative_to(self.path)), sample[1]]
 
     def _inputs(self, spec, shape, module, samples):
-        import torch
-
         transform = spec.preprocess(shape)
-        return (torch.stack([load_image(path, transform) for path, _ in samples]),)
+        return spec.collate([load_image(path, transform) for path, _ in samples], shape)
 
     def _target(self, sample):
         return (str(sample[0].relative_to(self.path)), sample[1])
 
     def evaluation(self, spec, module):
         return TopK()
+
+    def protocol(self, spec, shape):
+        return spec.reference_protocol(shape)
 
 
 class TopK(Evaluation):

@@ -30,7 +30,7 @@ ZOO: dict[str, ModelSpec] = {spec.name: spec for spec in (
     Classifier("vit_b_16", "image-classification", "images", {"input_size": 224}, builder="vit_b_16", min_size=224),
     # object detection (torchvision)
     Detector("ssdlite320_mobilenet_v3", "object-detection", "images", {"input_size": 320},
-             builder="ssdlite320_mobilenet_v3_large", resizes=False),
+             builder="ssdlite320_mobilenet_v3_large"),
     Detector("fasterrcnn_mobilenet_v3_fpn", "object-detection", "images", {"input_size": 320},
              builder="fasterrcnn_mobilenet_v3_large_320_fpn"),
     Detector("retinanet_resnet50_fpn", "object-detection", "images", {"input_size": 512},

@@ -113,6 +113,18 @@ class ModelSpec:
         pass (yolo.py)."""
         return output
 
+    def collate(self, samples: list, shape: dict) -> tuple:
+        """A dataset's preprocessed samples (`preprocess`'s tensors) as one batch of model inputs: stacked by
+        default; torchvision's detectors pad images of different sizes into one tensor (vision.py)."""
+        import torch
+
+        return (torch.stack(samples),)
+
+    def reference_protocol(self, shape: dict) -> dict | None:
+        """The reference evaluation this family's preprocessing and post-processing follow at `shape`, in the form
+        of `Dataset.protocol` (torchvision's, Ultralytics' val); None when there is none."""
+        return None
+
     def weight_bytes(self) -> int:
         """Bytes of the built model's fp32 weights, where counting them costs nothing (0: not counted; a
         vision model's are small beside its activations)."""

@@ -9,6 +9,7 @@ image, the form of the torchvision detectors, for output checks and COCO scoring
 """
 
 import functools
+import math
 import os
 import warnings
 from dataclasses import dataclass
@@ -22,13 +23,14 @@ from ..compat.torchvision_shim import ensure_torchvision
 from ..core.errors import UsageError
 from ..core.paths import cache_dir
 from .base import ModelSpec, unit_variance
-from .vision import _images
+from .vision import Placement, _images
 
 STRIDE = 32                 # the largest stride of YOLOv8's heads: the input side must be a multiple of it
-# Ultralytics' validation settings, those of its published COCO mAP: every class a box scores above CONFIDENCE
-# for is a candidate (multi-label), class-aware NMS at IoU IOU, at most MAX_DETECTIONS boxes per image
+# Ultralytics' validation settings, those of its published COCO mAP (its validator's conf when none is given, its
+# default.yaml's iou and max_det; tests/models/test_yolo_reference.py checks them against the installed release):
+# every class a box scores above CONFIDENCE for is a candidate (multi-label), class-aware NMS at IoU IOU, at most
+# MAX_DETECTIONS boxes per image
 CONFIDENCE, IOU, MAX_DETECTIONS = 0.001, 0.7, 300
-PAD = 114                   # the grey Ultralytics pads a letterboxed image with
 
 
 @functools.cache
@@ -43,6 +45,8 @@ def load_ultralytics() -> SimpleNamespace:
     os.environ.setdefault("YOLO_VERBOSE", "False")
     numpy_print, torch_print = np.get_printoptions(), dict(vars(torch._tensor_str.PRINT_OPTS))
     with warnings.catch_warnings():
+        from ultralytics import __version__
+        from ultralytics.cfg import DEFAULT_CFG
         from ultralytics.data.augment import LetterBox
         from ultralytics.data.converter import coco80_to_coco91_class
         from ultralytics.nn.modules.block import C2f
@@ -52,7 +56,7 @@ def load_ultralytics() -> SimpleNamespace:
     np.set_printoptions(**numpy_print)
     torch.set_printoptions(**torch_print)
     return SimpleNamespace(DetectionModel=DetectionModel, Detect=Detect, C2f=C2f, LetterBox=LetterBox,
-                           non_max_suppression=non_max_suppression,
+                           non_max_suppression=non_max_suppression, defaults=DEFAULT_CFG, version=__version__,
                            coco_ids=torch.tensor(coco80_to_coco91_class(), dtype=torch.int64))
 
 
@@ -132,16 +136,34 @@ class Yolo(ModelSpec):
         return [{"boxes": k[:, :4], "labels": ul.coco_ids[k[:, 5].long()], "scores": k[:, 4]} for k in kept]
 
     def preprocess(self, shape: dict):
-        """PIL image -> (input tensor, (x, y) scale back to the original image): Ultralytics' letterbox (resized
-        to fit, aspect ratio kept, bilinear, grey padding) with the image at the top-left of the square, so a
-        box maps back by one scale; RGB in [0, 1]."""
+        """PIL image -> (input tensor, Placement): Ultralytics' val (its dataset's `load_image`, then its `LetterBox`
+        at imgsz = --input-size): the long side resized to the input size (the other side rounded up, bilinear),
+        then padded with grey to the square, the image centred; RGB in [0, 1]. Boxes map back as its
+        `scale_boxes` maps them: the padding taken off, then the resize undone."""
         side = shape["input_size"]
-        letterbox = load_ultralytics().LetterBox(new_shape=side, auto=False, center=False, padding_value=PAD)
+        letterbox = load_ultralytics().LetterBox(new_shape=side, scaleup=False)
 
         def transform(image):
-            width, height = image.size
-            boxed = letterbox(image=np.asarray(image.convert("RGB")))
-            scale = max(width, height) / side          # 1 / Ultralytics' gain min(side / h, side / w)
-            return torch.from_numpy(np.ascontiguousarray(boxed)).permute(2, 0, 1).float() / 255, (scale, scale)
+            import cv2
+
+            pixels = np.asarray(image.convert("RGB"))
+            height, width = pixels.shape[:2]
+            ratio = side / max(height, width)
+            if ratio != 1:
+                size = (min(math.ceil(width * ratio), side), min(math.ceil(height * ratio), side))
+                pixels = cv2.resize(pixels, size, interpolation=cv2.INTER_LINEAR)
+            params = letterbox.get_params({"img": pixels})
+            boxed = letterbox.apply_image({"img": pixels}, params)["img"]
+            h, w = params["new_unpad"][1], params["new_unpad"][0]
+            tensor = torch.from_numpy(np.ascontiguousarray(boxed)).permute(2, 0, 1).float() / 255
+            return tensor, Placement(width / w, height / h, params["left"], params["top"])
         return transform
 
+    def reference_protocol(self, shape):
+        scored = {"input_size": shape["input_size"]}
+        reference = {"input_size": load_ultralytics().defaults.imgsz}
+        return {"protocol": "reference",
+                "follows": f"Ultralytics' val (ultralytics {load_ultralytics().version}): load_image and LetterBox "
+                           f"at imgsz (square, centred, grey padding), non_max_suppression at conf {CONFIDENCE}, "
+                           f"iou {IOU}, multi-label, max_det {MAX_DETECTIONS}; boxes mapped back by scale_boxes",
+                "shape": scored, **({"reference_shape": reference} if scored != reference else {})}

@@ -159,7 +159,9 @@ def test_detections_map_back_to_the_original_image_and_score_like_pycocotools(tm
     ds = open_dataset("coco", str(tmp_path), str(anno))
     spec = get_model("ssdlite320_mobilenet_v3")
     [batch] = ds.batches(spec, 2, {"input_size": 320}, None)
-    assert batch.inputs[0].shape == (2, 3, 320, 320) and batch.targets[0] == (1, (200 / 320, 100 / 320))
+    # SSDlite's reference resize is to its fixed 320 x 320, whatever the image's aspect ratio
+    assert batch.inputs[0].shape == (2, 3, 320, 320) and batch.inputs[1].tolist() == [[320, 320]] * 2
+    assert batch.targets[0] == (1, (200 / 320, 100 / 320, 0, 0))
     # the first image's box found exactly (at model scale), the second's found half-shifted
     sx, sy = 320 / 200, 320 / 100
     outputs = [np.array([[20 * sx, 10 * sy, 120 * sx, 60 * sy]]), np.array([3]), np.array([0.9]),

@@ -140,11 +140,14 @@ def test_a_letterboxed_image_s_predictions_map_back_to_it_and_score_as_coco_boxe
     spec = get_model("yolo_v8n")
     [batch] = ds.batches(spec, 1, SHAPE, None)
     image = batch.inputs[0][0]
-    gain = 128 / 200                 # the image fills the top 64 rows of the 128 x 128 square, grey below
-    assert image.shape == (3, 128, 128) and batch.targets == [(1, (1 / gain, 1 / gain))]
-    assert torch.allclose(image[:, 64:], torch.tensor(114 / 255)) and not torch.allclose(image[:, :64], image[:, 64:])
+    gain = 128 / 200                 # the image fills the middle 64 rows of the 128 x 128 square, grey around
+    [(image_id, placement)] = batch.targets
+    assert image.shape == (3, 128, 128) and image_id == 1 and placement == (1 / gain, 1 / gain, 0, 32)
+    grey = torch.tensor(114 / 255)
+    assert torch.allclose(image[:, :32], grey) and torch.allclose(image[:, 96:], grey)
+    assert not torch.allclose(image[:, 32:96], grey)
     # the car where the letterboxed image has it (YOLO's class 2), and a person reaching into the padding
-    raw = _predictions([((20 + 50) * gain, (10 + 25) * gain, 100 * gain, 50 * gain), (30, 60, 20, 30)], [2, 0],
+    raw = _predictions([((20 + 50) * gain, 32 + (10 + 25) * gain, 100 * gain, 50 * gain), (30, 92, 20, 30)], [2, 0],
                        [0.9, 0.5])
     evaluation = ds.evaluation(spec, None)
     evaluation.add(batch, flatten(spec.postprocess(raw)))
