@@ -61,13 +61,21 @@ def classify(model: str, image: torch.Tensor, weights: str | None = None, k: int
 
 
 def detect(model: str, image: torch.Tensor, weights: str | None = None, top: int = 10) -> dict:
-    """The `top` highest-scoring boxes of a zoo detector on `image`, with COCO names."""
+    """The `top` highest-scoring boxes of a zoo detector on `image` (in its pixels), with COCO names: the image
+    prepared as a COCO dataset's are (the model family's reference evaluation, `spec.preprocess`)."""
+    from PIL import Image
+
+    spec = get_model(model)
+    shape = spec.shape(input_size=image.shape[-1])
     module, kind = _build(model, weights, image.shape[-1])
+    picture = Image.fromarray((image.permute(1, 2, 0) * 255).round().to(torch.uint8).numpy())
+    prepared, placement = spec.preprocess(shape)(picture)
     with torch.no_grad():
-        out = get_model(model).postprocess(module(image[None]))[0]     # YOLO's NMS runs after its network
+        out = spec.postprocess(module(*spec.collate([prepared], shape)))[0]     # YOLO's NMS runs after its network
+    boxes = placement.to_original(out["boxes"].numpy())
     names = coco_categories()
     order = out["scores"].argsort(descending=True)[:top]
-    return {"weights": kind, "boxes": [(out["boxes"][i].tolist(), names[int(out["labels"][i]) % len(names)],
+    return {"weights": kind, "boxes": [(boxes[i].tolist(), names[int(out["labels"][i]) % len(names)],
                                         float(out["scores"][i])) for i in order]}
 
 
