@@ -5,7 +5,8 @@ hidden (PIP_CONFIG_FILE=/dev/null, no PIP_* variables), so the only sources of t
 PEP 503 index folder given as TORCH_INDEX_URL, and a wheels folder standing for pip's configured sources. The
 default tier installs small wheels named torch and torchvision that say which source they came from; the slow
 tier installs the real torch wheel from an index folder, and resolves requirements.txt for manylinux_2_28_aarch64
-against PyPI.
+against PyPI. What the whole script asks pip for on each architecture is checked with an interpreter that records
+the calls (as tests/test_container.py checks start_notebook.sh).
 """
 
 import base64
@@ -146,6 +147,80 @@ def test_setup_refuses_bad_options_before_installing_anything(args, message):
     out = subprocess.run(["bash", str(SETUP), *args], capture_output=True, text=True, timeout=30, check=False,
                          env={**os.environ, "PYTHON": "/no/such/python"})
     assert (out.returncode, out.stderr.strip()) == (2, message)
+
+
+# --- what setup.sh does on each architecture, with an interpreter that only records what it is asked ---
+
+FAKE_PYTHON = r"""#!/bin/bash
+# Records each pip call (and a requirements file's lines) in $LOG; pip fails for the names in $FAIL.
+case "$1 $2" in
+    "-m pip")
+        shift 2
+        echo "pip $*" >> "$LOG"
+        for arg; do [ "$prev" = -r ] && sed 's/^/    /' "$arg" >> "$LOG"; prev=$arg; done
+        for name in $FAIL; do [ "${@: -1}" = "$name" ] && exit 1; done
+        exit 0 ;;
+    "-m aio_examples") exit 0 ;;
+    "- "*) cat >/dev/null; exit 1 ;;      # the torch index's check: no answer
+esac
+exit 0
+"""
+
+
+def run_flow(tmp_path: Path, machine: str, fail: str = "") -> tuple[subprocess.CompletedProcess, list[str]]:
+    """setup.sh with a recording PYTHON, `uname -m` saying `machine`, and apt-get a no-op; (result, log lines)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("python", FAKE_PYTHON), ("uname", f"#!/bin/sh\necho {machine}\n"),
+                       ("apt-get", "#!/bin/sh\nexit 0\n")):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    log = tmp_path / "calls.log"
+    out = subprocess.run(["bash", str(SETUP)], capture_output=True, text=True, timeout=60, check=False,
+                         env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": str(bin_dir / "python"),
+                              "LOG": str(log), "FAIL": fail})
+    return out, log.read_text().splitlines()
+
+
+def pip_calls(log: list[str]) -> list[tuple[str, list[str]]]:
+    """(pip's arguments, the requirements of the file it was given with -r) of each recorded call."""
+    calls = []
+    for line in log:
+        if line.startswith("pip "):
+            calls.append((line.removeprefix("pip "), []))
+        elif line.split("#")[0].strip():
+            calls[-1][1].append(line.split("#")[0].strip())
+    return calls
+
+
+def test_on_aarch64_the_optional_lines_go_on_their_own_and_a_failing_one_costs_only_its_feature(tmp_path):
+    out, log = run_flow(tmp_path, "aarch64", fail="openvino mlcommons-loadgen")
+    assert out.returncode == 0, out.stderr
+    lines = requirement_lines(ROOT / "requirements.txt")
+    optional = [(r, note) for r, note in lines if note]
+    calls = pip_calls(log)
+    assert [args for args, _ in calls] == [
+        "install -q -c constraints.txt torch torchvision",
+        next(args for args, _ in calls if " -r " in args),
+        *[f"install -q -c constraints.txt {r}" for r, _ in optional],
+        "install -q --no-deps -e .", "check"]
+    assert next(reqs for args, reqs in calls if " -r " in args) == [r for r, note in lines if not note]
+    for requirement, note in optional:
+        why, loss = note.split("; without it: ")
+        assert f"setup.sh: {requirement} on its own (aarch64: {why})" in out.stdout.splitlines()
+        lost = f"setup.sh: {requirement} is not installed (above); without it: {loss}"
+        assert (lost in out.stderr.splitlines()) == (requirement in ("openvino", "mlcommons-loadgen"))
+
+
+def test_on_x86_64_every_requirement_goes_in_one_step(tmp_path):
+    out, log = run_flow(tmp_path, "x86_64")
+    assert out.returncode == 0, out.stderr
+    calls = pip_calls(log)
+    assert [args for args, _ in calls] == ["install -q -c constraints.txt torch torchvision",
+                                           "install -q -r requirements.txt -c constraints.txt",
+                                           "install -q --no-deps -e .", "check"]
+    assert calls[1][1] == [r for r, _ in requirement_lines(ROOT / "requirements.txt")]
+    assert "on its own" not in out.stdout
 
 
 # --- the real torch wheel (slow: it unpacks about a GB) ---
