@@ -19,10 +19,15 @@ case $mode in
     *) echo "setup.sh: unknown option '$mode'; accepted: --dev, --torch-only" >&2; exit 2 ;;
 esac
 
-# A system's own Python refuses pip (PEP 668): say so before anything is installed.
-if [ -z "${PIP_BREAK_SYSTEM_PACKAGES:-}" ] && ! "$PY" -c 'import os, sys, sysconfig
-sys.exit(sys.prefix == sys.base_prefix and os.path.isfile(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")))'
-then
+# The interpreter, before anything is installed: Python 3.11 or newer, and not a system's own, which pip
+# refuses to install into (PEP 668).
+read -r version new managed < <("$PY" -c 'import os, sys, sysconfig
+stdlib = sysconfig.get_path("stdlib")
+print("%d.%d" % sys.version_info[:2], sys.version_info >= (3, 11),
+      sys.prefix == sys.base_prefix and os.path.isfile(os.path.join(stdlib, "EXTERNALLY-MANAGED")))' 2>/dev/null) \
+    || { echo "setup.sh: PYTHON '$PY' does not run; accepted: a Python 3.11 or newer (default python3)" >&2; exit 2; }
+[ "$new" = True ] || { echo "setup.sh: $PY is Python $version; accepted: Python 3.11 or newer (PYTHON=...)" >&2; exit 2; }
+if [ "$managed" = True ] && [ -z "${PIP_BREAK_SYSTEM_PACKAGES:-}" ]; then
     echo "setup.sh: $PY is the system's Python, which pip does not install into (PEP 668); run setup.sh in a" \
          "virtual environment: $PY -m venv ~/aio-venv && . ~/aio-venv/bin/activate && bash setup.sh" >&2
     exit 1

@@ -152,7 +152,9 @@ def test_setup_refuses_bad_options_before_installing_anything(args, message):
 # --- what setup.sh does on each architecture, with an interpreter that only records what it is asked ---
 
 FAKE_PYTHON = r"""#!/bin/bash
-# Records each pip call (and a requirements file's lines) in $LOG; pip fails for the names in $FAIL.
+# Records each pip call (and a requirements file's lines) in $LOG; pip fails for the names in $FAIL. setup.sh's
+# own checks of the interpreter run on $REAL_PYTHON; llama_cpp imports.
+[ "$1" = -c ] && [ "$2" != "import llama_cpp" ] && exec "$REAL_PYTHON" "$@"
 case "$1 $2" in
     "-m pip")
         shift 2
@@ -178,7 +180,7 @@ def run_flow(tmp_path: Path, machine: str, fail: str = "") -> tuple[subprocess.C
     log = tmp_path / "calls.log"
     out = subprocess.run(["bash", str(SETUP)], capture_output=True, text=True, timeout=60, check=False,
                          env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": str(bin_dir / "python"),
-                              "LOG": str(log), "FAIL": fail})
+                              "LOG": str(log), "FAIL": fail, "REAL_PYTHON": sys.executable})
     return out, log.read_text().splitlines()
 
 
@@ -221,6 +223,27 @@ def test_on_x86_64_every_requirement_goes_in_one_step(tmp_path):
                                            "install -q --no-deps -e .", "check"]
     assert calls[1][1] == [r for r, _ in requirement_lines(ROOT / "requirements.txt")]
     assert "on its own" not in out.stdout
+
+
+def test_setup_refuses_an_interpreter_that_does_not_run():
+    out = subprocess.run(["bash", str(SETUP)], capture_output=True, text=True, timeout=30, check=False,
+                         env={**os.environ, "PYTHON": "/no/such/python"})
+    assert (out.returncode, out.stderr.strip()) == (
+        2, "setup.sh: PYTHON '/no/such/python' does not run; accepted: a Python 3.11 or newer (default python3)")
+
+
+def test_a_systems_own_python_is_refused_with_the_way_to_a_virtual_environment():
+    system = Path("/usr/bin/python3")
+    check = ("import os, sys, sysconfig; sys.exit(sys.version_info < (3, 11) or not os.path.isfile("
+             "os.path.join(sysconfig.get_path('stdlib'), 'EXTERNALLY-MANAGED')))")
+    if not system.exists() or subprocess.run([str(system), "-c", check], check=False).returncode != 0:
+        pytest.skip(f"{system} is not a Python 3.11+ that its distribution manages (PEP 668)")
+    env = {k: v for k, v in os.environ.items() if k != "PIP_BREAK_SYSTEM_PACKAGES"}
+    out = subprocess.run(["bash", str(SETUP)], capture_output=True, text=True, timeout=30, check=False,
+                         env={**env, "PYTHON": str(system)})
+    assert out.returncode == 1
+    assert out.stderr.strip().startswith(f"setup.sh: {system} is the system's Python, which pip does not install "
+                                         f"into (PEP 668); run setup.sh in a virtual environment: {system} -m venv")
 
 
 # --- the real torch wheel (slow: it unpacks about a GB) ---
