@@ -63,7 +63,7 @@ def coco_detection(ground_truth, results: list[dict], image_ids: list[int]) -> d
     if not results:                 # loadRes refuses an empty list; no detection scores zero
         return {"map": 0.0, "ap50": 0.0}
     with contextlib.redirect_stdout(io.StringIO()):      # COCOeval prints its progress and table
-        detections = ground_truth.loadRes(results)
+        detections = ground_truth.loadRes([dict(r) for r in results])     # it adds area, id... to what it is given
         evaluator = COCOeval(ground_truth, detections, "bbox")
         evaluator.params.imgIds = sorted(image_ids)
         evaluator.evaluate()
