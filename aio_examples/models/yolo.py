@@ -27,7 +27,7 @@ from .vision import Placement, _images
 
 STRIDE = 32                 # the largest stride of YOLOv8's heads: the input side must be a multiple of it
 # Ultralytics' validation settings, those of its published COCO mAP (its validator's conf when none is given, its
-# default.yaml's iou and max_det; tests/models/test_yolo_reference.py checks them against the installed release):
+# default.yaml's iou and max_det; tests/datasets/test_yolo_reference.py checks them against the installed release):
 # every class a box scores above CONFIDENCE for is a candidate (multi-label), class-aware NMS at IoU IOU, at most
 # MAX_DETECTIONS boxes per image
 CONFIDENCE, IOU, MAX_DETECTIONS = 0.001, 0.7, 300
