@@ -353,9 +353,8 @@ def test_settings(lg, settings: ServingSettings, model: str, pass_ms: float, ins
         s.FromConfig("", MLPERF_NAMES.get(model, model), settings.scenario, 0)     # LoadGen's built-in mlperf.conf
     else:
         s.min_duration_ms = int(settings.duration_s * 1000)
-        s.min_query_count = settings.min_queries or quick_queries(settings.scenario, query_s(settings, pass_ms, instances,
-                                                                                             batch_size),
-                                                                  settings.duration_s)
+        pace = query_s(settings, pass_ms, instances, batch_size)
+        s.min_query_count = settings.min_queries or quick_queries(settings.scenario, pace, settings.duration_s)
     s.mode = lg.TestMode.AccuracyOnly if settings.mode == "accuracy" else lg.TestMode.PerformanceOnly
     per_second = instances * batch_size / (pass_ms / 1000)
     s.single_stream_expected_latency_ns = int(pass_ms * 1e6)
