@@ -104,6 +104,19 @@ def _reference_detections(spec, weights, dataset, **builder_kwargs) -> list[dict
     return [d for (_, image_id), dets in zip(dataset.samples, found, strict=True) for d in _as_coco(dets, image_id)]
 
 
+def _eager_matches_torchvision(name: str, shape: dict, coco, tmp_path, **builder_kwargs):
+    """The eager record of `name` scored on the fixture, having given every detection torchvision's model gives
+    (built with `builder_kwargs`), in order, to the rounding of the results file."""
+    folder, anno = coco
+    spec = get_model(name)
+    dataset = open_dataset("coco", str(folder), str(anno))
+    weights = _input_dependent_weights(spec, shape, dataset, tmp_path / "w.pt")
+    reference = _reference_detections(spec, weights, dataset, **builder_kwargs)
+    [eager] = _score(spec, shape, dataset, weights, ["eager"], tmp_path / "out")
+    _assert_same(_predictions(eager), reference, score_tol=1e-5, box_tol=0.011, share=1.0)
+    return eager
+
+
 def test_fasterrcnn_scores_what_torchvision_gives_on_every_backend_shape(coco, tmp_path):
     """Eager cuts each image out of the padded batch; ONNX Runtime's graph, exported for one input shape, does the
     same inside the graph: both give torchvision's detections of the original images."""
@@ -132,13 +145,7 @@ def test_fasterrcnn_scores_what_torchvision_gives_on_every_backend_shape(coco, t
 
 def test_ssdlite_scores_what_torchvision_gives(coco, tmp_path):
     """SSDlite's reference resizes every image to its fixed square, whatever its aspect ratio."""
-    folder, anno = coco
-    spec, shape = get_model("ssdlite320_mobilenet_v3"), {"input_size": 320}
-    dataset = open_dataset("coco", str(folder), str(anno))
-    weights = _input_dependent_weights(spec, shape, dataset, tmp_path / "w.pt")
-    reference = _reference_detections(spec, weights, dataset)
-    [eager] = _score(spec, shape, dataset, weights, ["eager"], tmp_path / "out")
-    _assert_same(_predictions(eager), reference, score_tol=1e-5, box_tol=0.011, share=1.0)
+    eager = _eager_matches_torchvision("ssdlite320_mobilenet_v3", {"input_size": 320}, coco, tmp_path)
     assert "timed_shape" not in eager.accuracy["protocol"]      # its timed square is its reference's
 
 
@@ -150,25 +157,13 @@ def _small_retinanet(monkeypatch, min_size: int, max_size: int):
 
 
 def test_retinanet_scores_what_torchvision_gives_at_a_smaller_size(coco, tmp_path, monkeypatch):
-    folder, anno = coco
     _small_retinanet(monkeypatch, 224, 320)
-    spec, shape = get_model("retinanet_resnet50_fpn"), {"input_size": 128}
-    dataset = open_dataset("coco", str(folder), str(anno))
-    weights = _input_dependent_weights(spec, shape, dataset, tmp_path / "w.pt")
-    reference = _reference_detections(spec, weights, dataset, min_size=224, max_size=320)
-    [eager] = _score(spec, shape, dataset, weights, ["eager"], tmp_path / "out")
-    _assert_same(_predictions(eager), reference, score_tol=1e-5, box_tol=0.011, share=1.0)
+    _eager_matches_torchvision("retinanet_resnet50_fpn", {"input_size": 128}, coco, tmp_path, min_size=224, max_size=320)
 
 
 @pytest.mark.slow       # RetinaNet at its reference 800 x 1333 on two cores: about a minute
 def test_retinanet_scores_what_torchvision_gives_at_its_reference_size(coco, tmp_path):
-    folder, anno = coco
-    spec, shape = get_model("retinanet_resnet50_fpn"), {"input_size": 128}
-    dataset = open_dataset("coco", str(folder), str(anno))
-    weights = _input_dependent_weights(spec, shape, dataset, tmp_path / "w.pt")
-    reference = _reference_detections(spec, weights, dataset)
-    [eager] = _score(spec, shape, dataset, weights, ["eager"], tmp_path / "out")
-    _assert_same(_predictions(eager), reference, score_tol=1e-5, box_tol=0.011, share=1.0)
+    _eager_matches_torchvision("retinanet_resnet50_fpn", {"input_size": 128}, coco, tmp_path)
 
 
 def test_the_timed_passes_run_the_first_images_at_the_square_in_the_scoring_canvas(coco):
