@@ -93,7 +93,9 @@ def test_peak_search_brackets_the_highest_valid_rate(tmp_path):
     assert peak["peak_qps"] == (max(valid) if valid else None)
     if valid and invalid:
         assert max(valid) < min(invalid)
-    assert all(r["target_qps"] <= peak["offline_qps"] * 1.001 for r in runs)
+    # a rate above the Offline one is tried only after every rate before it was VALID
+    assert all(r["target_qps"] <= peak["offline_qps"] * 1.001 or all(x["validity"] == "VALID" for x in runs[:i])
+               for i, r in enumerate(runs))
     records = records_in(tmp_path)
     # a rate judged INVALID by a few slow queries is tried again: every try is a record of its own
     tries = [len(r["tries"]) for r in runs]
@@ -102,6 +104,19 @@ def test_peak_search_brackets_the_highest_valid_rate(tmp_path):
     assert records[0].scenario["scenario"] == "Offline" and len(records) == sum(tries) + 2
     summary = records[-1]
     assert summary.scenario["key"] == "loadgen-server-peak" and summary.metrics["loadgen"]["runs"] == runs
+
+
+@pytest.mark.slow       # three quick Server tests of 662 queries or more: the second tier
+def test_a_valid_top_rate_sends_the_search_above_the_offline_rate(tmp_path):
+    # a 10 s bound no queue of a few seconds can break: every rate is VALID, the Offline one included, so
+    # the search steps above it by twice the tolerance each time instead of stopping at a noisy Offline figure
+    with session(tmp_path) as s:
+        peak = find_peak(s, latency_ms=10_000, duration_s=1.0, max_runs=3)
+    runs = peak["runs"]
+    assert [r["validity"] for r in runs] == ["VALID"] * 3, [r["reasons"] for r in runs]
+    offline = peak["offline_qps"]
+    assert [r["target_qps"] for r in runs] == pytest.approx([offline, offline * 1.1, offline * 1.21], rel=1e-3)
+    assert peak["peak_qps"] == runs[-1]["target_qps"] and peak["bracket_qps"] == [peak["peak_qps"], None]
 
 
 def test_an_instance_killed_mid_run_fails_the_run_without_hanging(tmp_path):
