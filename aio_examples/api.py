@@ -44,7 +44,7 @@ def benchmark(model, *, precision: str | list[str] = "fp32", backend: str | list
     """
     launcher = launcher_setting(launcher)
     if tune is not None:
-        from .backends.optimized import TUNE_MODES
+        from .backends.aio import TUNE_MODES
 
         if tune not in TUNE_MODES:
             raise UsageError(f"tune {tune!r} is invalid; accepted: {', '.join(TUNE_MODES)}")

@@ -1,6 +1,7 @@
 """Backend registry: one line per backend, each in its own module."""
 
 from ..core.registry import lookup
+from .aio import AioBackend
 from .base import Backend, PrepareContext, Prepared
 from .eager import EagerBackend
 from .inductor import InductorBackend
@@ -9,7 +10,6 @@ from .onnxruntime import OnnxRuntimeBackend
 from .onnxruntime_genai import OnnxRuntimeGenAIBackend
 from .openvino import OpenVinoBackend
 from .openvino_genai import OpenVINOGenAIBackend
-from .optimized import AioBackend
 from .torchscript import TorchScriptBackend
 
 # The engines are built first: the optimized backend runs its strategies on these same instances.

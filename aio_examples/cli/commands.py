@@ -12,7 +12,7 @@ from .parser import PROG
 
 def _backends(arg: str | None) -> list[str]:
     from ..backends import DEFAULT_BACKEND, available_backends, get_backend
-    from ..backends.optimized import (
+    from ..backends.aio import (
         huge_pages_setting,
         knob_settings,
         process_mode,

@@ -12,7 +12,7 @@ import torch
 from conftest import ROOT, run_cli
 
 from aio_examples import benchmark
-from aio_examples.backends import aio
+from aio_examples.backends.aio import backend as aio
 from aio_examples.machine.contention import CONTENDED_CORES
 from aio_examples.measurement import timing
 
@@ -274,7 +274,7 @@ def test_bursts_of_other_work_during_tuning_do_not_change_its_choice(tmp_path, m
 def test_a_choice_left_without_rivals_says_why(tmp_path, caplog):
     import logging
 
-    from aio_examples.backends.optimized import _choose
+    from aio_examples.backends.aio.backend import _choose
 
     refused = {"openvino": "not tried: about 3.0 GiB more memory needed"}
     with caplog.at_level(logging.INFO, logger="aio_examples"):

@@ -8,7 +8,7 @@ import torch
 from conftest import handicap
 
 from aio_examples import benchmark
-from aio_examples.backends import optimized
+from aio_examples.backends.aio import backend as optimized
 from aio_examples.backends.base import PrepareContext
 from aio_examples.backends.openvino import OpenVinoBackend
 from aio_examples.core.errors import UnsupportedError

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from conftest import handicap, run_cli
 
 from aio_examples import benchmark
-from aio_examples.backends import optimized
+from aio_examples.backends.aio import backend as optimized
 from aio_examples.measurement import runner, timing
 
 

@@ -10,7 +10,8 @@ import torch
 from conftest import run_cli
 
 from aio_examples import benchmark
-from aio_examples.backends import optimized, split
+from aio_examples.backends import split
+from aio_examples.backends.aio import backend as optimized
 from aio_examples.core.errors import UnsupportedError
 from aio_examples.measurement import runner, timing
 

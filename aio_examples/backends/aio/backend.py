@@ -21,11 +21,11 @@ import sys
 import time
 from collections.abc import Callable
 
-from ..core.errors import UnsupportedError, UsageError, short_error
-from ..core.log import logger
-from . import crashes
-from .base import Backend, Prepared, held_bytes, onnx_source
-from .llm_engines import EngineBackend
+from ...core.errors import UnsupportedError, UsageError, short_error
+from ...core.log import logger
+from .. import crashes
+from ..base import Backend, Prepared, held_bytes, onnx_source
+from ..llm_engines import EngineBackend
 
 STRATEGIES = ("compiled", "onnxruntime", "openvino")
 # A generation step runs on neither runtime (they cannot step a mutable KV cache); beside its own compiled
@@ -42,7 +42,7 @@ GENERATION_STRATEGIES = ("llama_cpp", "onnxruntime_genai", "openvino_genai", "co
 def strategies_for(model, engines: dict | None = None) -> tuple:
     """The strategies this model may run on; an engine strategy only where its engine was handed in and is
     installed (an LLM engine not built here is no strategy, and the tuning key says so)."""
-    from .int8 import is_generation_step
+    from ..int8 import is_generation_step
 
     names = GENERATION_STRATEGIES if is_generation_step(model) else STRATEGIES
     if onnx_source(model) is not None:      # a graph for the runtimes only
@@ -170,7 +170,7 @@ class AioBackend(Backend):
     @property
     def fpmath_modes(self):
         """fp32's fast-math modes of its compiled graph (torch's) and of the engines it tunes among."""
-        from ..machine.fpmath import TORCH_MODES
+        from ...machine.fpmath import TORCH_MODES
 
         modes = [*TORCH_MODES, *(m for e in self.engines.values() if e.unavailable_reason() is None
                                  for m in e.fpmath_modes)]
@@ -182,7 +182,7 @@ class AioBackend(Backend):
         strategies are timed against each other alike, in the pages they were given."""
         import torch
 
-        from . import hugepages
+        from .. import hugepages
 
         backed: dict = {}
         with hugepages.backing(backed, huge_pages_setting()):
@@ -196,8 +196,8 @@ class AioBackend(Backend):
         return prepared
 
     def _prepare(self, model, example_inputs, precision, threads, ctx):
-        from ..machine.environment import capture
-        from .artifacts import describe_inputs
+        from ...machine.environment import capture
+        from ..artifacts import describe_inputs
 
         env = capture({})
         knobs_on, _ = knob_settings()
@@ -262,7 +262,7 @@ class AioBackend(Backend):
 
         Without `ctx.time_passes` (prepare called outside the runner) the first strategy that runs is taken,
         untuned, and nothing is cached."""
-        from .int8 import is_generation_step
+        from ..int8 import is_generation_step
 
         started = time.monotonic()
         quick = key.get("tune") == "quick"
@@ -391,7 +391,7 @@ class AioBackend(Backend):
 
         import torch
 
-        from .int8 import is_generation_step
+        from ..int8 import is_generation_step
 
         start, tuning = time.monotonic(), prepared.info["tuning"]
         decided = tuning["strategy"]
@@ -610,7 +610,7 @@ class AioBackend(Backend):
         and fills `tuning["split"]`."""
         import torch
 
-        from . import split
+        from .. import split
 
         start, budget = time.monotonic(), split_settings()[1]
         trial = tuning["split"] = {}
@@ -670,8 +670,8 @@ class AioBackend(Backend):
 
     def _segments(self, model, example_inputs, precision, ctx):
         """(graph, its segments, each segment's inputs: the example's first, then int8 calibration's)."""
-        from . import split
-        from .int8 import is_conv_net
+        from .. import split
+        from ..int8 import is_conv_net
 
         graph = split.export_graph(copy.deepcopy(model), example_inputs)
         segments = graph.segments()
@@ -705,7 +705,7 @@ class AioBackend(Backend):
 
     def _prepare_split(self, model, example_inputs, precision, threads, ctx, decision: dict) -> Prepared:
         """The split a cached decision names, prepared again (the same cuts, or UnsupportedError)."""
-        from . import split
+        from .. import split
 
         plan = decision["split"]
         graph, segments, per = self._segments(model, example_inputs, precision, ctx)
@@ -718,7 +718,7 @@ class AioBackend(Backend):
         return _split_prepared(graph, stages, example_inputs, {})
 
     def _prepare_strategy(self, strategy, model, example_inputs, precision, threads, ctx) -> Prepared:
-        from ..machine.fpmath import TORCH_MODES
+        from ...machine.fpmath import TORCH_MODES
 
         crashes.trying(strategy, "preparing", ctx.model_name, precision)     # a crash from here on is this strategy's
         if strategy == "compiled":
@@ -740,8 +740,8 @@ def _rows_model(model, example_inputs, ctx):
     original's int8 scheme (its graph has no Conv2d modules to count)."""
     import hashlib
 
-    from ..aio_compile.rows import prune
-    from .int8 import is_conv_net
+    from ...aio_compile.rows import prune
+    from ..int8 import is_conv_net
 
     found = prune(copy.deepcopy(model), example_inputs)
     if found is None:
@@ -844,7 +844,7 @@ def _with_switching(prepared: Prepared, best: str, others: dict[str, Prepared], 
     if not others or not switch_setting():
         logger.info("aio: running %s", best)
         return prepared
-    from .switching import switching
+    from ..switching import switching
 
     logger.info("aio: running %s, switching at run time to %s when faster", best, ", ".join(others))
     return switching({best: prepared, **others}, best, tuning.setdefault("switch", {}), medians_ms)
@@ -887,7 +887,7 @@ def _final(tuned: dict, best: str, time_passes, threads: int, tuning: dict) -> s
 def _split_prepared(graph, stages: list, example_inputs, info: dict) -> Prepared:
     """The split's pass as a Prepared: torch inputs in, the model's outputs out; each stage's engine and mode
     said (its prepared info names the engine, see _prepare_segment)."""
-    from . import split
+    from .. import split
 
     modes = ", ".join(f"{i}: {s.prepared.info['engine']} {s.prepared.precision_mode}" for i, s in enumerate(stages))
     info = {**info, "segments": [{"precision_mode": s.prepared.precision_mode, **s.prepared.info} for s in stages]}
@@ -902,7 +902,7 @@ def _split_need(weights: int, engines: list) -> int:
 def may_split(prepared: dict, model) -> bool:
     """Whether a split stage may follow the choice: two engines ran the whole model, and it is a torch graph
     (not a generation step, not an ONNX file)."""
-    from .int8 import is_generation_step
+    from ..int8 import is_generation_step
 
     return (sum(s in STRATEGIES for s in prepared) >= 2 and not is_generation_step(model)
             and onnx_source(model) is None)
@@ -923,7 +923,7 @@ def _memory_short(need: float) -> str | None:
 
 def best_has_knobs(prepared: dict, model) -> bool:
     """Whether a knob stage may follow the choice: some prepared strategy has KNOBS (not a generation step)."""
-    from .int8 import is_generation_step
+    from ..int8 import is_generation_step
 
     return any(s in KNOBS for s in prepared) and not is_generation_step(model)
 
@@ -1002,7 +1002,7 @@ def _compiled_knob_reasons(knobs, model, example_inputs, precision) -> dict:
     None (the conv-net test, a pass with hooks, runs at most once for them all)."""
     import torch
 
-    from .int8 import is_conv_net
+    from ..int8 import is_conv_net
 
     pt2e = bool(knobs) and precision == "int8" and is_conv_net(model, example_inputs)
     no_conv = not any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
@@ -1016,9 +1016,9 @@ def _compiled(model, example_inputs, precision, threads, ctx, inductor: Backend 
     """torch.compile(backend="aio") with the precision's implicit mode, channels-last for conv nets."""
     import torch
 
-    from .. import aio_compile
-    from ..core import precision as prec
-    from .int8 import is_conv_net, is_generation_step
+    from ... import aio_compile
+    from ...core import precision as prec
+    from ..int8 import is_conv_net, is_generation_step
 
     options = {"modelname": ctx.model_name, "threads": threads}
     inputs, mode = example_inputs, "native"
@@ -1076,8 +1076,8 @@ def _compiled_generation(model, example_inputs, precision, options) -> Prepared:
     frozen; int8/int4 as weight-only quantization (torchao) first, whose packed weights stay unmerged."""
     import torch
 
-    from .. import aio_compile
-    from .generation import CompiledDecode, generation_weights
+    from ... import aio_compile
+    from ..generation import CompiledDecode, generation_weights
 
     model, mode, info = generation_weights(model, example_inputs, precision)
     info.update(dynamic=False, prefill="eager")
@@ -1114,7 +1114,7 @@ class _CheckedOnFirstCall:
 
 
 def _decision_file(model_name: str, key: dict):
-    from .artifacts import artifact_dir
+    from ..artifacts import artifact_dir
 
     return artifact_dir("tuning", model_name, **key) / "decision.json"
 
@@ -1165,6 +1165,6 @@ class _Progress:
 
 
 def _save_decision(path, decision: dict) -> None:
-    from ..core.paths import write_json_atomic
+    from ...core.paths import write_json_atomic
 
     write_json_atomic(path, decision, indent=1)
