@@ -14,7 +14,8 @@ own tool, at the same threads, precision, batch (1) and shape, on the very file 
   llama-cpp-python's own libllama and libggml) on the cached GGUF (`backend_info.file`): pp512 against TTFT, and
   tg128 at depth 512 (the harness decodes after its prompt) per token against TPOT; batch, ubatch, flash attention,
   KV cache type and extra buffer types as the backend loaded them.
-- eager, latency median: `torch.utils.benchmark.Timer.adaptive_autorange` of the same pass, built in this process.
+- eager, latency median: `torch.utils.benchmark.Timer.adaptive_autorange` of the same pass, built in a process of
+  its own (torch alone, as a user's script times it).
 
 A round is `--round-s` seconds of each (a text generator: one generation pass and one llama-bench repetition of
 each test); who goes first alternates (harness, tool, tool, harness, ...), so drift of a shared machine hits both,
@@ -238,26 +239,32 @@ def llama_bench() -> tuple[Path, dict]:
 
 
 class TorchTimer:
-    """torch.utils.benchmark on the eager pass, in this process (benchmarks/timer_agreement.py)."""
+    """torch.utils.benchmark on the eager pass (benchmarks/timer_agreement.py), in a process of its own: timed
+    in this one, after the other pairs loaded ONNX Runtime and OpenVINO here, the same pass read 5% slower
+    than torch alone (0.947 against 0.992 in the pair run by itself)."""
 
     name = "torch.utils.benchmark"
 
     def __init__(self, record, threads: int, seconds: float, scratch: Path):
-        from timer_agreement import eager_pass
+        import multiprocessing
 
-        from aio_examples.models import get_model
+        from timer_agreement import serve_rounds
 
-        spec = get_model(record["model"])
-        shape = spec.shape()
-        module = spec.build(shape=shape).eval()
-        inputs = spec.example_inputs(record["batch_size"], shape, module)
-        self.one_pass = eager_pass(spec, module, inputs, record["precision"], threads, shape)
-        self.threads, self.seconds = threads, seconds
+        self.conn, child = multiprocessing.Pipe()
+        self.process = multiprocessing.get_context("spawn").Process(
+            target=serve_rounds, args=(child, record["model"], record["precision"], record["batch_size"], threads,
+                                       seconds), daemon=True)
+        self.process.start()
+        if not self.conn.poll(300) or self.conn.recv() != "ready":
+            raise ToolError("torch.utils.benchmark's process did not build the eager pass")
 
     def round(self) -> dict:
-        from timer_agreement import autorange_ms
+        self.conn.send("round")
+        return {"latency": self.conn.recv()}
 
-        return {"latency": autorange_ms(self.one_pass, self.threads, self.seconds)}
+    def close(self) -> None:
+        self.conn.send("stop")
+        self.process.join(30)
 
 
 TOOLS = {"openvino": BenchmarkApp, "onnxruntime": OrtProfiler, "llama_cpp": LlamaBench, "eager": TorchTimer}
@@ -385,6 +392,9 @@ def measure(pair: Pair, args, out: Path) -> list[dict]:
     except ToolError as exc:
         harness.stop()
         return [{**row, "note": str(exc)}]
+    finally:
+        if hasattr(tool, "close"):      # a tool in a process of its own
+            tool.close()
     record = harness.stop()
     if record["status"] != "ok":
         return [{**row, "note": f"harness {record['status']}: {record['reason']}"}]

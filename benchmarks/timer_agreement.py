@@ -73,6 +73,18 @@ def eager_pass(spec, module, inputs, precision: str, threads: int, shape: dict):
     return spec.make_pass(get_backend("eager").prepare(module, inputs, precision, threads, None), shape)
 
 
+def serve_rounds(conn, model: str, precision: str, batch_size: int, threads: int, seconds: float) -> None:
+    """A process timing the eager pass one round per "round" message (agreement.py's eager tool): torch alone in
+    its process, as a user's script would time it."""
+    spec = get_model(model)
+    shape = spec.shape()
+    module = spec.build(shape=shape).eval()
+    one_pass = eager_pass(spec, module, spec.example_inputs(batch_size, shape, module), precision, threads, shape)
+    conn.send("ready")
+    while conn.recv() == "round":
+        conn.send(autorange_ms(one_pass, threads, seconds))
+
+
 def autorange_ms(one_pass, threads: int, seconds: float) -> list[float]:
     """torch.utils.benchmark's adaptive_autorange over about `seconds` of `one_pass`: its times, ms per pass."""
     timer = tb.Timer("one_pass()", globals={"one_pass": one_pass}, num_threads=threads)
