@@ -22,7 +22,7 @@ RENAMED = {
     "allocators": ("machine.allocators",), "environment": ("machine.environment",),
     "machine_probe": ("machine.probe",), "peak": ("machine.peak",),
     "artifacts": ("backends.artifacts",), "onnx_export": ("backends.exports",), "quantize": ("backends.int8",),
-    "backends.optimized": ("backends.aio.backend",),
+    "backends.optimized": ("backends.aio.backend", "backends.aio.settings"),
     "timing": ("measurement.timing",), "stats": ("measurement.stats",), "checks": ("measurement.output_check",),
     "flops": ("measurement.flops",), "runner": ("measurement.runner",),
     "sweep": ("drivers.sweep",), "matrix": ("drivers.matrix",), "instances": ("drivers.instances",),

@@ -12,7 +12,7 @@ import torch
 from conftest import ROOT, run_cli
 
 from aio_examples import benchmark
-from aio_examples.backends.aio import backend as aio
+from aio_examples.backends.aio import choose, compiled
 from aio_examples.machine.contention import CONTENDED_CORES
 from aio_examples.measurement import timing
 
@@ -41,7 +41,7 @@ def test_tuning_picks_a_strategy_once_and_reuses_the_cached_decision(tmp_path, m
     assert "switch" not in json.loads(Path(tuning["file"]).read_text())        # what one run did is not the decision
     # the finalists (within FINALIST_MARGIN of the fastest) stay prepared, and the run switches among them
     medians = tuning["medians_ms"]
-    finalists = set(aio._finalists(min(medians, key=medians.get), medians))
+    finalists = set(choose.finalists(min(medians, key=medians.get), medians))
     switch = tuning.get("switch")
     assert (switch["engines"][0], set(switch["engines"])) == (decided, finalists) if len(finalists) > 1 \
         else switch is None, tuning
@@ -218,7 +218,7 @@ def test_the_compiled_strategy_keeps_the_modules_other_methods():
 
     ctx = PrepareContext(model_name="step", task="custom", family="nlp", shape={}, batch_size=4, weights_id="-")
     inputs = (torch.randn(4, 32),)
-    prepared = aio._compiled(Step().eval(), inputs, "fp32", 1, ctx)
+    prepared = compiled.prepare(Step().eval(), inputs, "fp32", 1, ctx)
     with torch.no_grad():
         assert prepared.fn(*prepared.inputs).shape == (4, 32)
     assert prepared.fn.new_cache(3).shape == (3,)
@@ -274,7 +274,7 @@ def test_bursts_of_other_work_during_tuning_do_not_change_its_choice(tmp_path, m
 def test_a_choice_left_without_rivals_says_why(tmp_path, caplog):
     import logging
 
-    from aio_examples.backends.aio.backend import _choose
+    from aio_examples.backends.aio.choose import choose as _choose
 
     refused = {"openvino": "not tried: about 3.0 GiB more memory needed"}
     with caplog.at_level(logging.INFO, logger="aio_examples"):

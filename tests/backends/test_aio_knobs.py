@@ -8,7 +8,7 @@ import torch
 from conftest import handicap
 
 from aio_examples import benchmark
-from aio_examples.backends.aio import backend as optimized
+from aio_examples.backends.aio import backend, settings
 from aio_examples.backends.base import PrepareContext
 from aio_examples.backends.openvino import OpenVinoBackend
 from aio_examples.core.errors import UnsupportedError
@@ -41,15 +41,15 @@ def run(seed: int, batch: int = 4, precision: str = "fp32"):
 
 @pytest.mark.slow       # the default tier stays under 15 minutes
 def test_each_knob_of_the_chosen_strategy_is_timed_and_kept_only_where_it_wins(knobs_on, monkeypatch):
-    monkeypatch.setattr(optimized, "STRATEGIES", ("onnxruntime",))
+    monkeypatch.setattr(settings, "STRATEGIES", ("onnxruntime",))
     r = run(0)
     assert r.status == "ok", r.reason
     tuning = r.backend_info["tuning"]
     trials = tuning["knob_trials"]
-    assert list(trials) == [name for name, _ in optimized.KNOBS["onnxruntime"]]
+    assert list(trials) == [name for name, _ in settings.KNOBS["onnxruntime"]]
     for name, trial in trials.items():
         assert trial["ms"]["without"] > 0 and trial["ms"]["with"] > 0, trial
-        wins = trial["quiet"] and trial["clear"] and trial["gain"] >= optimized.KNOB_MIN_GAIN
+        wins = trial["quiet"] and trial["clear"] and trial["gain"] >= settings.KNOB_MIN_GAIN
         if wins:        # a first win stands only if it wins again against a fresh instance of the kept settings
             again = trial["again"]
             wins = "not_tried" in again or again["kept"]
@@ -66,12 +66,12 @@ def test_a_quick_tuning_tries_only_its_quick_knobs_on_its_choice(knobs_on, monke
     """The default tuning tries io_binding alone (a win here: the settings kept so far are handicapped), and says
     it was quick; the knobs it left out are not in its trials."""
     monkeypatch.setenv("AIO_TUNE", "quick")
-    monkeypatch.setattr(optimized, "STRATEGIES", ("onnxruntime", "openvino"))
+    monkeypatch.setattr(settings, "STRATEGIES", ("onnxruntime", "openvino"))
     handicap(monkeypatch)
     r = run(3)
     tuning = r.backend_info["tuning"]
     assert r.status == "ok" and tuning["mode"] == "quick", r.reason
-    assert list(tuning["knob_trials"]) == list(optimized.QUICK_KNOBS)
+    assert list(tuning["knob_trials"]) == list(settings.QUICK_KNOBS)
     assert tuning["knobs"] == {"io_binding": True} and r.strategy.split(" ")[0] == tuning["strategy"]
     assert json.loads(Path(tuning["file"]).read_text())["mode"] == "quick"
 
@@ -79,11 +79,11 @@ def test_a_quick_tuning_tries_only_its_quick_knobs_on_its_choice(knobs_on, monke
 def test_a_knob_that_wins_is_kept_applied_and_reused_from_the_cache(knobs_on, monkeypatch):
     """With the defaults handicapped every knob trial wins: the first knob kept is applied to the next trial and
     to the run, and the decision cached with it is reused as it is."""
-    monkeypatch.setattr(optimized, "STRATEGIES", ("onnxruntime",))
+    monkeypatch.setattr(settings, "STRATEGIES", ("onnxruntime",))
     real = handicap(monkeypatch)
     first = run(1)
     tuning = first.backend_info["tuning"]
-    assert tuning["knobs"] == dict(optimized.KNOBS["onnxruntime"]), tuning["knob_trials"]
+    assert tuning["knobs"] == dict(settings.KNOBS["onnxruntime"]), tuning["knob_trials"]
     assert all(t["again"]["kept"] for t in tuning["knob_trials"].values())     # and again, on a fresh instance
     assert first.backend_info["session"]["allow_spinning"] == "0"
     assert first.backend_info["session"]["graph_optimization_level"] == "ORT_ENABLE_EXTENDED"
@@ -101,8 +101,8 @@ def test_a_win_that_a_fresh_instance_does_not_confirm_is_not_kept(knobs_on, monk
     """Each knob wins its first trial (the kept settings handicapped), then loses against a fresh instance of the
     kept settings (the knob's instance handicapped): nothing is kept, and the record says why. Two knobs are
     enough to show it (a trial and a fresh instance each)."""
-    monkeypatch.setattr(optimized, "STRATEGIES", ("onnxruntime",))
-    monkeypatch.setitem(optimized.KNOBS, "onnxruntime", optimized.KNOBS["onnxruntime"][:2])
+    monkeypatch.setattr(settings, "STRATEGIES", ("onnxruntime",))
+    monkeypatch.setitem(settings.KNOBS, "onnxruntime", settings.KNOBS["onnxruntime"][:2])
     seen = set()
 
     def first_won_then_lost(passes):
@@ -124,7 +124,7 @@ def test_a_win_that_a_fresh_instance_does_not_confirm_is_not_kept(knobs_on, monk
 
 @pytest.mark.slow       # the default tier stays under 15 minutes
 def test_knob_stage_off_tries_no_knob_and_keys_its_decision_apart(knobs_on, monkeypatch):
-    monkeypatch.setattr(optimized, "STRATEGIES", ("onnxruntime",))
+    monkeypatch.setattr(settings, "STRATEGIES", ("onnxruntime",))
     on = run(2).backend_info["tuning"]
     monkeypatch.setenv("AIO_TUNE_KNOBS", "0")
     off = run(2).backend_info["tuning"]
@@ -133,7 +133,7 @@ def test_knob_stage_off_tries_no_knob_and_keys_its_decision_apart(knobs_on, monk
 
 
 def test_a_spent_budget_leaves_the_remaining_knobs_untried_and_says_so(knobs_on, monkeypatch):
-    monkeypatch.setattr(optimized, "STRATEGIES", ("openvino",))
+    monkeypatch.setattr(settings, "STRATEGIES", ("openvino",))
     monkeypatch.setenv("AIO_KNOB_BUDGET_S", "0.5")
     trials = run(3).backend_info["tuning"]["knob_trials"]
     assert "ms" in trials["cpu_pinning"]          # the budget is checked before each trial: spent after the first
@@ -145,9 +145,9 @@ def test_a_spent_budget_leaves_the_remaining_knobs_untried_and_says_so(knobs_on,
 def test_a_knob_that_cannot_apply_is_refused_before_a_copy_is_made_for_it(knobs_on, monkeypatch):
     """At fp32 int8_mixed_bf16 cannot apply: it says why, and no copy of the model is made for its trial (one
     copy per timed trial and per fresh instance against it, none more)."""
-    monkeypatch.setattr(optimized, "STRATEGIES", ("openvino",))
-    copies, real_copy = [], optimized.AioBackend._copy
-    monkeypatch.setattr(optimized.AioBackend, "_copy",
+    monkeypatch.setattr(settings, "STRATEGIES", ("openvino",))
+    copies, real_copy = [], backend.AioBackend._copy
+    monkeypatch.setattr(backend.AioBackend, "_copy",
                         lambda self, strategy, model, precision: copies.append(strategy)
                         or real_copy(self, strategy, model, precision))
     trials = run(7).backend_info["tuning"]["knob_trials"]
@@ -162,7 +162,7 @@ def test_openvino_at_int8_may_run_the_rest_in_bf16_and_says_so(knobs_on, monkeyp
     OpenVINO read back say so, and the output check (int8's tolerance) still passes. At fp32 it is refused."""
     import openvino as ov
 
-    monkeypatch.setattr(optimized, "STRATEGIES", ("openvino",))
+    monkeypatch.setattr(settings, "STRATEGIES", ("openvino",))
     handicap(monkeypatch, lambda passes: "kept" if "int8_mixed_bf16" in passes else None)   # others as they are
     r = run(5, batch=16, precision="int8")           # at batch 4 OpenVINO runs these tiny GEMMs in fp32
     assert r.status == "ok" and r.check["passed"], r.reason
@@ -184,7 +184,7 @@ def test_openvino_at_int8_may_run_the_rest_in_bf16_and_says_so(knobs_on, monkeyp
 def test_the_compiled_strategys_knobs_compile_and_keep_the_outputs_right(knobs_on, monkeypatch):
     """cpp_wrapper and max_autotune (inductor's C++ GEMM templates) really compiled; the layout knob refused for
     a model without convolutions."""
-    monkeypatch.setattr(optimized, "STRATEGIES", ("compiled",))
+    monkeypatch.setattr(settings, "STRATEGIES", ("compiled",))
     r = run(4)
     assert r.status == "ok" and r.check["passed"], r.reason
     trials = r.backend_info["tuning"]["knob_trials"]

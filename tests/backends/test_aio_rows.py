@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from conftest import handicap, run_cli
 
 from aio_examples import benchmark
-from aio_examples.backends.aio import backend as optimized
+from aio_examples.backends.aio import choose, settings
 from aio_examples.measurement import runner, timing
 
 
@@ -41,7 +41,7 @@ def rows_on(monkeypatch, tmp_path):
     monkeypatch.setenv("AIO_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(timing, "TUNING_CONTENDED_CORES", float("inf"))     # whatever else the machine runs now
     monkeypatch.setattr(timing, "TUNING_ROUND_S", 0.2)
-    monkeypatch.setattr(optimized, "STRATEGIES", ("openvino",))
+    monkeypatch.setattr(settings, "STRATEGIES", ("openvino",))
 
 
 def run():
@@ -90,16 +90,16 @@ def test_the_rows_setting_is_checked_before_anything_runs():
 
 def test_strategies_close_to_the_fastest_take_their_own_stages_and_race_again():
     medians = {"openvino": 10.0, "onnxruntime": 10.4, "compiled": 12.0}
-    assert optimized._finalists("openvino", medians) == ["openvino", "onnxruntime"]
-    assert optimized._finalists("openvino", {**medians, "onnxruntime": 10.6}) == ["openvino"]
+    assert choose.finalists("openvino", medians) == ["openvino", "onnxruntime"]
+    assert choose.finalists("openvino", {**medians, "onnxruntime": 10.6}) == ["openvino"]
 
 
 @pytest.mark.slow       # the default tier stays under 15 minutes
 def test_a_runner_up_that_wins_once_tuned_is_kept_with_its_own_stages(rows_on, monkeypatch):
     """Every strategy a finalist; the first timing (the choice) puts ONNX Runtime ahead, the final (the same
     two names again) OpenVINO: the decision is OpenVINO's, with its own rows trial, and the cache reuses it."""
-    monkeypatch.setattr(optimized, "STRATEGIES", ("onnxruntime", "openvino"))
-    monkeypatch.setattr(optimized, "FINALIST_MARGIN", float("inf"))
+    monkeypatch.setattr(settings, "STRATEGIES", ("onnxruntime", "openvino"))
+    monkeypatch.setattr(settings, "FINALIST_MARGIN", float("inf"))
     whole = []
 
     def slowed(passes):

@@ -11,7 +11,7 @@ from conftest import run_cli
 
 from aio_examples import benchmark
 from aio_examples.backends import split
-from aio_examples.backends.aio import backend as optimized
+from aio_examples.backends.aio import settings
 from aio_examples.core.errors import UnsupportedError
 from aio_examples.measurement import runner, timing
 
@@ -63,7 +63,7 @@ def split_on(monkeypatch, tmp_path):
     monkeypatch.setenv("AIO_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(timing, "TUNING_CONTENDED_CORES", float("inf"))     # whatever else the machine runs now
     monkeypatch.setattr(timing, "TUNING_TIMEOUT_S", 1.0)
-    monkeypatch.setattr(optimized, "STRATEGIES", ("onnxruntime", "openvino"))
+    monkeypatch.setattr(settings, "STRATEGIES", ("onnxruntime", "openvino"))
 
 
 def handicapped(monkeypatch, slower: str):
@@ -98,7 +98,7 @@ def test_a_split_that_wins_is_kept_checked_recorded_and_reused_from_the_cache(sp
     trial = tuning["split"]
     assert len(calls) == 2 + trial["segments"], calls          # the choice, each segment, the split against it
     assert trial["plan"] == ["onnxruntime", "openvino"] * (trial["segments"] // 2), trial
-    assert trial["kept"] and trial["gain"] >= optimized.KNOB_MIN_GAIN and trial["ms"]["split"] > 0
+    assert trial["kept"] and trial["gain"] >= settings.KNOB_MIN_GAIN and trial["ms"]["split"] > 0
     assert first.strategy == "split" and tuning["whole_strategy"] in ("onnxruntime", "openvino")
     assert first.precision_mode.startswith("split (0: onnxruntime native, 1: openvino inference-precision-f32")
     assert [s["engine"] for s in first.backend_info["segments"]] == trial["plan"]
