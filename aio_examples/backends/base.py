@@ -45,7 +45,7 @@ def _like(new, ref):
     return new.to(dtype=ref.dtype, memory_format=torch.channels_last if channels_last else torch.preserve_format)
 
 
-# The optimized backend's knob (optimized.py KNOBS) keeping a runtime's inputs bound between passes
+# The optimized backend's knob (KNOBS in backends/aio/settings.py) keeping a runtime's inputs bound between passes
 IO_BINDING = "io_binding"
 # Prepared.info's entry of an engine that sets fp32's fast-math mode itself: its setting as read back from it
 # (the runner moves it into the record's `fpmath`; without it, torch's settings are read)
@@ -90,7 +90,7 @@ class PrepareContext:
     weights_id: str             # digest of the weights: part of every cache key
     calibration: Callable[[int], list] | None = None   # n -> n input tuples for int8 calibration
     # Engine settings a backend choosing among strategies asks for beyond the defaults (KNOBS in
-    # backends/optimized.py): e.g. {"allow_spinning": False} for ONNX Runtime. A backend honours those it knows.
+    # backends/aio/settings.py): e.g. {"allow_spinning": False} for ONNX Runtime. A backend honours those it knows.
     knobs: dict = field(default_factory=dict)
     # (named zero-argument pass functions, threads) -> what timing them alike found (timing.Tuned: the median ms
     # of each that ran, from rounds other processes left alone, and whether the winner is clear): how a backend

@@ -33,7 +33,7 @@ _GENERATION = ("text generation updates a static KV cache in place between steps
                "an OpenVINO IR of one step has no such state")
 
 
-# Properties the optimized backend may try beyond the defaults (backends/optimized.py KNOBS): the knob's name
+# Properties the optimized backend may try beyond the defaults (backends/aio/settings.py KNOBS): the knob's name
 # there -> OpenVINO's property
 KNOB_PROPERTIES = {"cpu_pinning": "ENABLE_CPU_PINNING", "denormals_optimization": "CPU_DENORMALS_OPTIMIZATION"}
 # and one that sets the inference precision: at int8, the layers NNCF leaves in floating point (softmax, norms,
