@@ -359,3 +359,69 @@ def quantize_int8(gm: fx.GraphModule, kinds, out_dtype, act_max: int = 255) -> d
             skipped[kind] += 1
     _drop_unused_constants(gm)
     return {"quantized": dict(quantized), "skipped": dict(skipped)}
+
+
+# -- AIO_STREAM_GEMV -------------------------------------------------------------------------------------
+
+def _rows(arg) -> int | None:
+    """How many rows a linear's input holds (every dimension but the last), when dynamo knows them."""
+    shape = _shape(arg)
+    if not shape or not all(isinstance(d, int) for d in shape):
+        return None
+    rows = 1
+    for d in shape[:-1]:
+        rows *= d
+    return rows
+
+
+def _int8_weight_only(weight) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(int8 rows, fp32 scale per row) of torchao's weight-only int8 tensor (`Int8WeightOnlyConfig`: symmetric,
+    one scale per output channel), else None."""
+    qdata, scale = getattr(weight, "qdata", None), getattr(weight, "scale", None)
+    zero = getattr(weight, "zero_point", None)
+    if not (isinstance(qdata, torch.Tensor) and qdata.dtype == torch.int8 and qdata.dim() == 2
+            and isinstance(scale, torch.Tensor) and scale.numel() == qdata.shape[0]):
+        return None
+    if isinstance(zero, torch.Tensor) and bool(zero.any()):
+        return None
+    return qdata.detach(), scale.detach().float().reshape(-1)
+
+
+def stream_gemv(gm: fx.GraphModule) -> dict:
+    """Linears over a single row (a decode step's GEMVs) become a multiply-and-sum that inductor generates as
+    one loop streaming each weight row once, accumulating in fp32: a GEMV is bound by reading the weights, and
+    oneDNN's GEMM kernels, tiled for many rows, left part of the memory bandwidth unused on one row
+    (docs/generation.md). Plain bf16/fp32 weights and torchao's weight-only int8 (its int8 rows and scales:
+    converted inside the loop, never expanded in memory); linears over more rows keep their GEMM."""
+    done = Counter()
+    for node in list(gm.graph.nodes):
+        if op_kind(node) != "Linear":
+            continue
+        x, w, b = _linear_args(node)
+        weight, bias = _constant(gm, w), _constant(gm, b)
+        if weight is None or _rows(x) != 1 or (b is not None and bias is None):
+            continue
+        out_dtype = _dtype(gm, x)
+        if type(weight) in (torch.Tensor, torch.nn.Parameter) and weight.dim() == 2 \
+                and weight.dtype in (torch.float32, torch.bfloat16, torch.float16):
+            rows, scale, kind = w, None, str(weight.dtype).split(".")[-1]
+        elif (int8 := _int8_weight_only(weight)) is not None:
+            rows, kind = _add_constant(gm, int8[0], "gemv_int8_weight"), "int8"
+            scale = _add_constant(gm, int8[1], "gemv_int8_scale")
+        else:
+            continue
+        g = gm.graph
+        with g.inserting_before(node):
+            xf = g.call_method("unsqueeze", (g.call_method("to", (x, torch.float32)), -2))
+            out = g.call_method("sum", (g.call_function(operator.mul, (xf, rows)), -1))
+            if scale is not None:
+                out = g.call_function(operator.mul, (out, scale))
+            if b is not None:
+                out = g.call_function(operator.add, (out, g.call_method("to", (b, torch.float32))))
+            if out_dtype not in (None, torch.float32):
+                out = g.call_method("to", (out, out_dtype))
+        out.meta.update(node.meta)
+        _replace(node, out)
+        done[kind] += 1
+    _drop_unused_constants(gm)
+    return {"linears": dict(done)}
