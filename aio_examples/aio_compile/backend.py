@@ -45,6 +45,8 @@ def aio_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None =
         report["merge_linear"] = passes.merge_linears(lifted)
     if opts.stream_gemv:
         report["stream_gemv"] = passes.stream_gemv(lifted)
+    if opts.decode_attention:
+        report["decode_attention"] = passes.decode_attention(lifted)
     if opts.int8_kinds:
         act_max, why = int8_activation_max()
         report["quantize_int8"] = {**passes.quantize_int8(lifted, opts.int8_kinds, _OUT_DTYPES[opts.int8_out_dtype],

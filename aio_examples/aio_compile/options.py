@@ -12,6 +12,7 @@ from ..core.errors import UsageError
 
 ENV_MERGE_LINEAR = "AIO_MERGE_LINEAR"
 ENV_STREAM_GEMV = "AIO_STREAM_GEMV"
+ENV_DECODE_ATTENTION = "AIO_DECODE_ATTENTION"
 ENV_FP16_FILTER = "AIO_IMPLICIT_FP16_TRANSFORM_FILTER"
 ENV_INT8_FILTER = "AIO_QUANTIZE_INT8_FILTER"
 ENV_INT8_OUT = "AIO_QUANTIZE_INT8_CONVERT_OUT_DTYPE"
@@ -31,7 +32,7 @@ INT8_OUT_DTYPES = ("FP32", "FP16", "BF16")
 # `-p fp16` asks for FP16 by name (a run labelled fp16 must compute in fp16).
 FP16_DTYPES = ("AUTO", "FP16", "BF16")
 
-OPTION_KEYS = ("modelname", "threads", "merge_linear", "stream_gemv", "implicit_fp16_filter", "implicit_fp16_dtype",
+OPTION_KEYS = ("modelname", "threads", "merge_linear", "stream_gemv", "decode_attention", "implicit_fp16_filter", "implicit_fp16_dtype",
                "quantize_int8_filter", "int8_out_dtype", "cpp_wrapper", "max_autotune")
 
 
@@ -40,7 +41,8 @@ class AioOptions:
     modelname: str = "model"
     threads: int | None = None                 # None: torch.get_num_threads() at compile time
     merge_linear: bool = True
-    stream_gemv: bool = True        # single-row linears as a streaming multiply-and-sum (passes.stream_gemv)
+    decode_attention: bool = True   # one query row's attention on the cache as stored (passes.decode_attention)
+    stream_gemv: bool = False       # single-row linears as a streaming multiply-and-sum (passes.stream_gemv)
     fp16_filter: str | None = None
     fp16_kinds: frozenset = frozenset()
     fp16_dtype: str = "AUTO"
@@ -54,6 +56,7 @@ class AioOptions:
     def to_dict(self) -> dict:
         """What the report records: the settings as given and the op kinds they selected."""
         return {"merge_linear": self.merge_linear, "stream_gemv": self.stream_gemv,
+                "decode_attention": self.decode_attention,
                 "implicit_fp16_filter": self.fp16_filter, "implicit_fp16_kinds": sorted(self.fp16_kinds),
                 "implicit_fp16_dtype": self.fp16_dtype,
                 "quantize_int8_filter": self.int8_filter, "quantize_int8_kinds": sorted(self.int8_kinds),
@@ -121,13 +124,15 @@ def resolve_options(options: dict | None = None, environ=None) -> AioOptions:
         return env, environ.get(env, default)
 
     merge = _flag(*pick("merge_linear", ENV_MERGE_LINEAR, "1"))
-    gemv = _flag(*pick("stream_gemv", ENV_STREAM_GEMV, "1"))
+    gemv = _flag(*pick("stream_gemv", ENV_STREAM_GEMV, "0"))
+    attention = _flag(*pick("decode_attention", ENV_DECODE_ATTENTION, "1"))
     fp16_filter, fp16_kinds = select_kinds(*pick("implicit_fp16_filter", ENV_FP16_FILTER), FP16_KINDS)
     int8_filter, int8_kinds = select_kinds(*pick("quantize_int8_filter", ENV_INT8_FILTER), INT8_KINDS)
     out_dtype = _dtype(*pick("int8_out_dtype", ENV_INT8_OUT, "FP32"), INT8_OUT_DTYPES)
     fp16_dtype = _dtype("options['implicit_fp16_dtype']", options.get("implicit_fp16_dtype", "AUTO"), FP16_DTYPES)
     threads = _threads(options["threads"]) if options.get("threads") is not None else None
     return AioOptions(modelname=str(options.get("modelname", "model")), threads=threads, merge_linear=merge, stream_gemv=gemv,
+                      decode_attention=attention,
                       fp16_filter=fp16_filter, fp16_kinds=fp16_kinds, fp16_dtype=fp16_dtype, int8_filter=int8_filter,
                       int8_kinds=int8_kinds, int8_out_dtype=out_dtype,
                       cpp_wrapper=_flag("options['cpp_wrapper']", options.get("cpp_wrapper", False)),

@@ -387,6 +387,23 @@ def _int8_weight_only(weight) -> tuple[torch.Tensor, torch.Tensor] | None:
     return qdata.detach(), scale.detach().float().reshape(-1)
 
 
+def _contiguous(shape) -> list[int]:
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.insert(0, step)
+        step *= d
+    return strides
+
+
+def _materialized():
+    """Inductor's own op that makes a value a buffer of its own (with the given strides). Without it, inductor
+    computes the row a GEMV reads inside the GEMV's loop: the RMSNorm, the residual add and the embedding
+    lookup before it run once per weight row instead of once."""
+    import torch._inductor.inductor_prims  # defines the prim
+
+    return torch.ops.prims.inductor_force_stride_order.default
+
+
 def stream_gemv(gm: fx.GraphModule) -> dict:
     """Linears over a single row (a decode step's GEMVs) become a multiply-and-sum that inductor generates as
     one loop streaming each weight row once, accumulating in fp32: a GEMV is bound by reading the weights, and
@@ -412,7 +429,8 @@ def stream_gemv(gm: fx.GraphModule) -> dict:
             continue
         g = gm.graph
         with g.inserting_before(node):
-            xf = g.call_method("unsqueeze", (g.call_method("to", (x, torch.float32)), -2))
+            xf = g.call_function(_materialized(), (g.call_method("to", (x, torch.float32)), _contiguous(_shape(x))))
+            xf = g.call_method("unsqueeze", (xf, -2))
             out = g.call_method("sum", (g.call_function(operator.mul, (xf, rows)), -1))
             if scale is not None:
                 out = g.call_function(operator.mul, (out, scale))
@@ -425,3 +443,83 @@ def stream_gemv(gm: fx.GraphModule) -> dict:
         done[kind] += 1
     _drop_unused_constants(gm)
     return {"linears": dict(done)}
+
+
+# -- AIO_DECODE_ATTENTION --------------------------------------------------------------------------------
+
+_SDPA = (F.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention.default)
+
+
+def _unrepeated(node) -> tuple[fx.Node, int] | None:
+    """(the cache's own keys or values, the query heads per key head) when `node` is transformers' `repeat_kv`:
+    `x[:, :, None].expand(b, kv, groups, s, d).reshape(b, kv * groups, s, d)`, a copy of the whole cache per
+    step that grouped-query attention does not need."""
+    if not (isinstance(node, fx.Node) and node.op == "call_method" and node.target == "reshape"):
+        return None
+    expand = node.args[0]
+    if not (isinstance(expand, fx.Node) and expand.op == "call_method" and expand.target == "expand"):
+        return None
+    index = expand.args[0]
+    if not (isinstance(index, fx.Node) and index.target is operator.getitem and isinstance(index.args[1], tuple)
+            and len(index.args[1]) == 5 and index.args[1][2] is None):
+        return None
+    source, shape = index.args[0], _shape(expand)
+    if _shape(source) is None or shape is None or len(shape) != 5:
+        return None
+    return source, shape[2]
+
+
+def decode_attention(gm: fx.GraphModule) -> dict:
+    """Attention of a single query row (a decode step) over a static KV cache, as two small fp32 matmuls and a
+    softmax: the query heads grouped per key head, so the cache is read as it is stored instead of copied out
+    per query head (`repeat_kv`) for every layer at every step, and no flash-attention kernel built for long
+    query blocks runs for one row (it took a quarter of a Llama 3.2 1B decode step here, docs/generation.md).
+    Causal masks of one query row are all or nothing per key, so only `attn_mask` (boolean or additive) is
+    kept; `is_causal`, dropout and other query lengths are left to SDPA."""
+    done = Counter()
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _SDPA:
+            continue
+        q, k, v = (_arg(node, i, name) for i, name in ((0, "query"), (1, "key"), (2, "value")))
+        mask, dropout = _arg(node, 3, "attn_mask"), _arg(node, 4, "dropout_p", 0.0)
+        causal, scale = _arg(node, 5, "is_causal", False), _arg(node, 6, "scale")
+        qs, ks = _shape(q), _shape(k)
+        if qs is None or ks is None or len(qs) != 4 or qs[2] != 1 or causal or dropout or \
+                not all(isinstance(d, int) for d in (*qs, *ks)):
+            continue
+        ms = _shape(mask) if mask is not None else (1, 1, 1, ks[2])
+        if ms is None or len(ms) != 4 or ms[1] != 1 or ms[2] != 1:
+            continue                                # a mask per head or per query row: SDPA's
+        repeated = (k, v)
+        if (kk := _unrepeated(k)) and (vv := _unrepeated(v)):
+            k, v = kk[0], vv[0]
+        heads = _shape(k)[1]
+        if qs[1] % heads or _shape(v)[1] != heads:
+            continue
+        groups = qs[1] // heads                     # query heads per cache head (SDPA's enable_gqa, or repeat_kv's)
+        b, _, _, d = qs
+        g = gm.graph
+        with g.inserting_before(node):
+            qg = g.call_method("reshape", (g.call_function(_materialized(), (q, _contiguous(qs))), b, heads, groups, d))
+            scores = g.call_function(torch.matmul, (g.call_method("float", (qg,)),
+                                                    g.call_method("transpose", (g.call_method("float", (k,)), -1, -2))))
+            scores = g.call_function(operator.mul, (scores, scale if scale is not None else d ** -0.5))
+            if mask is not None:
+                if _dtype(gm, mask) == torch.bool:
+                    scores = g.call_method("masked_fill", (scores, g.call_method("logical_not", (mask,)), float("-inf")))
+                else:
+                    scores = g.call_function(operator.add, (scores, g.call_method("float", (mask,))))
+            probs = g.call_method("softmax", (scores, -1))
+            out = g.call_function(torch.matmul, (probs, g.call_method("float", (v,))))
+            out = g.call_method("to", (g.call_method("reshape", (out, b, qs[1], 1, d)), _dtype(gm, q)))
+        out.meta.update(node.meta)
+        _replace(node, out)
+        for copy_ in repeated:                      # repeat_kv's reshape, expand and index, now unread
+            chain = [copy_]
+            while chain and isinstance(chain[-1], fx.Node) and not chain[-1].users:
+                dead = chain.pop()
+                chain += [a for a in dead.args[:1] if isinstance(a, fx.Node) and a.op == "call_method"
+                          or (isinstance(a, fx.Node) and a.target is operator.getitem)]
+                gm.graph.erase_node(dead)
+        done["grouped" if groups > 1 else "plain"] += 1
+    return {"attention": dict(done)}
