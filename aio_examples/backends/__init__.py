@@ -1,7 +1,7 @@
 """Backend registry: one line per backend, each in its own module."""
 
 from ..core.registry import lookup
-from .aio import AioBackend
+from .aio import AioBackend, AioTorchBackend
 from .base import Backend, PrepareContext, Prepared
 from .eager import EagerBackend
 from .inductor import InductorBackend
@@ -19,6 +19,7 @@ _llama_cpp, _onnxruntime_genai, _openvino_genai = LlamaCppBackend(), OnnxRuntime
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
     AioBackend(engines={e.name: e for e in (_onnxruntime, _openvino, _inductor, _eager, _llama_cpp,
                                              _onnxruntime_genai, _openvino_genai)}),
+    AioTorchBackend(inductor=_inductor),
     _eager,
     TorchScriptBackend(),
     _inductor,

@@ -31,7 +31,7 @@ def _backends(arg: str | None) -> list[str]:
         names = split_items(arg, "--backend")
         for n in names:
             get_backend(n)
-    if "aio" in names:
+    if {"aio", "aio_torch"} & set(names):
         knob_settings()                       # a bad AIO_TUNE_KNOBS / AIO_KNOB_BUDGET_S stops here, before torch
         split_settings()                      # and AIO_TUNE_SPLIT / AIO_SPLIT_BUDGET_S
         rows_setting()                        # and AIO_TUNE_ROWS
@@ -39,9 +39,9 @@ def _backends(arg: str | None) -> list[str]:
         switch_setting()                      # and AIO_SWITCH
         huge_pages_setting()                  # and AIO_HUGE_PAGES
         tune_setting()                        # and AIO_TUNE
-    if "aio" in names and not process_mode():
+    if {"aio", "aio_torch"} & set(names) and not process_mode():
         print("AIO_PROCESS_MODE=0: the optimized backend is off, running eager instead", file=sys.stderr)
-        names = list(dict.fromkeys("eager" if n == "aio" else n for n in names))
+        names = list(dict.fromkeys("eager" if n in ("aio", "aio_torch") else n for n in names))
     return names
 
 

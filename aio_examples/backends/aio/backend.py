@@ -39,6 +39,7 @@ class AioBackend(Backend):
         """`engines`: the backends the strategies run on ("onnxruntime", "openvino", and "inductor" for int8
         conv nets), built by the registry and handed in so this module does not import it."""
         self.engines = dict(engines or {})
+        self.inductor = self.engines.get("inductor")      # int8 conv nets lower through inductor's PT2E
 
     @property
     def fpmath_modes(self):
@@ -239,10 +240,29 @@ class AioBackend(Backend):
             if ctx.fpmath not in TORCH_MODES:
                 raise UnsupportedError(f"the compiled graph has no {ctx.fpmath} fast math for fp32 (torch's modes: "
                                        f"{', '.join(TORCH_MODES)})")
-            return compiled.prepare(model, example_inputs, precision, threads, ctx, self.engines.get("inductor"))
+            return compiled.prepare(model, example_inputs, precision, threads, ctx, self.inductor)
         backend = self.engines.get(strategy)
         reason = (f"no {strategy} engine was handed in" if backend is None
                   else backend.unavailable_reason() or backend.fpmath_reason(ctx.fpmath))
         if reason:
             raise UnsupportedError(reason)
         return backend.prepare(model, example_inputs, precision, threads, ctx)
+
+
+class AioTorchBackend(AioBackend):
+    """aio's own PyTorch path alone: `torch.compile(backend="aio")` with its graph passes, what a user of the
+    compile backend gets on their own model, without the engines `aio` may hand a model to. Its knobs and
+    cached decision work as aio's (one strategy to choose from)."""
+
+    name = "aio_torch"
+    description = "aio's own PyTorch path: torch.compile(backend=\"aio\") with its passes, no other engine"
+
+    def __init__(self, inductor: Backend | None = None):
+        super().__init__({})
+        self.inductor = inductor
+
+    def prepare(self, model, example_inputs, precision, threads, ctx):
+        if onnx_source(model) is not None:
+            raise UnsupportedError("aio_torch compiles torch modules; an ONNX file runs on onnxruntime, openvino "
+                                   "or aio")
+        return super().prepare(model, example_inputs, precision, threads, ctx)
