@@ -284,3 +284,24 @@ def test_a_choice_left_without_rivals_says_why(tmp_path, caplog):
     said = [r.getMessage() for r in caplog.records if "tuning chose" in r.getMessage()]
     why = "openvino: not tried: about 3.0 GiB more memory needed"
     assert said == [f"aio tuning chose onnxruntime (the only strategy prepared; {why})"]
+
+
+def test_aio_torch_runs_aios_own_compiled_path_and_nothing_else(monkeypatch):
+    """aio_torch is what torch.compile(backend="aio") gives a user: its one strategy, whatever engines are
+    installed; an ONNX file, which only the runtimes run, is refused in one line."""
+    from aio_examples.backends import get_backend
+    from aio_examples.core.errors import UnsupportedError
+
+    monkeypatch.setattr(timing, "TUNING_CONTENDED_CORES", float("inf"))
+    torch._dynamo.reset()       # graphs other tests compiled for this class at other batch sizes
+    torch.manual_seed(0)
+    model = Mlp().eval()
+    inputs = (torch.randn(4, 32),)
+    r = benchmark(model, example_inputs=inputs, backend="aio_torch", threads=1, num_runs=3)
+    assert r.status == "ok" and r.strategy == "compiled", (r.reason, r.strategy)
+    assert r.backend_info["tuning"]["strategy"] == "compiled" and not r.backend_info["tuning"]["refused"]
+    assert r.backend_info["passes"]["merge_linear"]["linears_merged"] == 3 and r.check["passed"]
+    onnx_file = torch.nn.Linear(2, 2)
+    onnx_file.torch_graph, onnx_file.path = False, "model.onnx"     # a user's ONNX file, as the backends see it
+    with pytest.raises(UnsupportedError, match="aio_torch compiles torch modules"):
+        get_backend("aio_torch").prepare(onnx_file, inputs, "fp32", 1, None)
