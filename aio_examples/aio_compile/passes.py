@@ -500,7 +500,7 @@ def decode_attention(gm: fx.GraphModule) -> dict:
         b, _, _, d = qs
         g = gm.graph
         with g.inserting_before(node):
-            qg = g.call_method("reshape", (g.call_function(_materialized(), (q, _contiguous(qs))), b, heads, groups, d))
+            qg = g.call_method("reshape", (q, b, heads, groups, d))
             scores = g.call_function(torch.matmul, (g.call_method("float", (qg,)),
                                                     g.call_method("transpose", (g.call_method("float", (k,)), -1, -2))))
             scores = g.call_function(operator.mul, (scores, scale if scale is not None else d ** -0.5))
@@ -514,12 +514,11 @@ def decode_attention(gm: fx.GraphModule) -> dict:
             out = g.call_method("to", (g.call_method("reshape", (out, b, qs[1], 1, d)), _dtype(gm, q)))
         out.meta.update(node.meta)
         _replace(node, out)
-        for copy_ in repeated:                      # repeat_kv's reshape, expand and index, now unread
-            chain = [copy_]
-            while chain and isinstance(chain[-1], fx.Node) and not chain[-1].users:
-                dead = chain.pop()
-                chain += [a for a in dead.args[:1] if isinstance(a, fx.Node) and a.op == "call_method"
-                          or (isinstance(a, fx.Node) and a.target is operator.getitem)]
-                gm.graph.erase_node(dead)
+        for unread in repeated:                     # repeat_kv's reshape, expand and index, when no longer read
+            while isinstance(unread, fx.Node) and not unread.users and unread.target in ("reshape", "expand",
+                                                                                          operator.getitem):
+                source = unread.args[0]
+                gm.graph.erase_node(unread)
+                unread = source
         done["grouped" if groups > 1 else "plain"] += 1
     return {"attention": dict(done)}
