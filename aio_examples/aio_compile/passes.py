@@ -406,10 +406,10 @@ def _materialized():
 
 def stream_gemv(gm: fx.GraphModule) -> dict:
     """Linears over a single row (a decode step's GEMVs) become a multiply-and-sum that inductor generates as
-    one loop streaming each weight row once, accumulating in fp32: a GEMV is bound by reading the weights, and
-    oneDNN's GEMM kernels, tiled for many rows, left part of the memory bandwidth unused on one row
-    (docs/generation.md). Plain bf16/fp32 weights and torchao's weight-only int8 (its int8 rows and scales:
-    converted inside the loop, never expanded in memory); linears over more rows keep their GEMM."""
+    one loop streaming each weight row once, accumulating in fp32. Plain bf16/fp32 weights and torchao's
+    weight-only int8 (its int8 rows and scales: converted inside the loop, never expanded in memory); linears
+    over more rows keep their GEMM. Off by default: on an AVX-512 EPYC oneDNN's bf16 GEMV was faster
+    (docs/generation.md), so this stays an option for CPUs where it is not."""
     done = Counter()
     for node in list(gm.graph.nodes):
         if op_kind(node) != "Linear":
@@ -450,8 +450,8 @@ def stream_gemv(gm: fx.GraphModule) -> dict:
 _SDPA = (F.scaled_dot_product_attention, torch.ops.aten.scaled_dot_product_attention.default)
 
 
-def _unrepeated(node) -> tuple[fx.Node, int] | None:
-    """(the cache's own keys or values, the query heads per key head) when `node` is transformers' `repeat_kv`:
+def _unrepeated(node) -> fx.Node | None:
+    """The cache's own keys or values when `node` is transformers' `repeat_kv` of them:
     `x[:, :, None].expand(b, kv, groups, s, d).reshape(b, kv * groups, s, d)`, a copy of the whole cache per
     step that grouped-query attention does not need."""
     if not (isinstance(node, fx.Node) and node.op == "call_method" and node.target == "reshape"):
@@ -466,7 +466,7 @@ def _unrepeated(node) -> tuple[fx.Node, int] | None:
     source, shape = index.args[0], _shape(expand)
     if _shape(source) is None or shape is None or len(shape) != 5:
         return None
-    return source, shape[2]
+    return source
 
 
 def decode_attention(gm: fx.GraphModule) -> dict:
@@ -492,7 +492,7 @@ def decode_attention(gm: fx.GraphModule) -> dict:
             continue                                # a mask per head or per query row: SDPA's
         repeated = (k, v)
         if (kk := _unrepeated(k)) and (vv := _unrepeated(v)):
-            k, v = kk[0], vv[0]
+            k, v = kk, vv
         heads = _shape(k)[1]
         if qs[1] % heads or _shape(v)[1] != heads:
             continue
