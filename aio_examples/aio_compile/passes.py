@@ -170,9 +170,42 @@ def _linear_args(node):
     return _arg(node, 0, "input"), _arg(node, 1, "weight"), _arg(node, 2, "bias")
 
 
+def _row_form(weight) -> str | None:
+    """How a linear's weight holds its rows: plain, torchao's weight-only int8 (int8 rows, a scale each) or int4
+    (rows packed for the CPU kernel, a scale and zero point per group), else None (rows that do not concatenate)."""
+    if type(weight) in (torch.Tensor, torch.nn.Parameter):
+        return "plain"
+    if getattr(weight, "act_quant_kwargs", None) is not None or getattr(weight, "act_pre_scale", None) is not None:
+        return None
+    if _int8_weight_only(weight) is not None:
+        return "int8"
+    if type(weight).__name__ == "Int4OpaqueTensor" and getattr(weight, "scale_and_zero", None) is not None:
+        return "int4"
+    return None
+
+
+def _joint_rows(weights: list, form: str) -> torch.Tensor | None:
+    """The weights' rows in one tensor of their own kind. A packed int4 layout keeps rows in blocks (64 here), so
+    the joint tensor must give, on a probe row, exactly the results of the parts; else None (left unmerged)."""
+    if form == "plain":
+        return torch.cat(weights).detach()
+    first = weights[0]
+    if form == "int8":
+        joint = type(first)(torch.cat([w.qdata for w in weights]), torch.cat([w.scale for w in weights]),
+                            first.block_size, first.dtype)
+    else:
+        joint = type(first)(torch.cat([w.qdata for w in weights]), torch.cat([w.scale_and_zero for w in weights], 1),
+                            first.block_size, [sum(w.shape[0] for w in weights), first.shape[1]])
+    probe = torch.randn(1, first.shape[1], generator=torch.Generator().manual_seed(0)).to(first.dtype)
+    with torch.no_grad():
+        same = torch.equal(F.linear(probe, joint), torch.cat([F.linear(probe, w) for w in weights], -1))
+    return joint if same else None
+
+
 def merge_linears(gm: fx.GraphModule) -> dict:
     """Linears reading the same input with constant weights become one linear over the concatenated
-    weights (missing biases as zeros), split back into the original outputs."""
+    weights (missing biases as zeros), split back into the original outputs. Plain weights, and torchao's
+    weight-only int8 and int4 (rows with their scales concatenated, still that tensor: `_joint_rows`)."""
     groups = defaultdict(list)
     for node in gm.graph.nodes:
         if op_kind(node) != "Linear":
@@ -181,17 +214,21 @@ def merge_linears(gm: fx.GraphModule) -> dict:
         weight, bias = _constant(gm, w), _constant(gm, b)
         if weight is None or weight.dim() != 2 or (b is not None and bias is None):
             continue
-        if type(weight) not in (torch.Tensor, torch.nn.Parameter):    # a quantized tensor subclass: packed,
-            continue                                                   # its rows cannot be concatenated
-        groups[(x, weight.dtype, weight.device)].append(node)
+        form = _row_form(weight)
+        if form is None:
+            continue                     # another quantized tensor subclass: its rows cannot be concatenated
+        groups[(x, weight.dtype, weight.device, form)].append(node)
     merged_groups = merged = 0
-    for (x, dtype, device), nodes in groups.items():
+    for (x, dtype, device, form), nodes in groups.items():
         if len(nodes) < 2:
             continue
         weights = [_constant(gm, _linear_args(n)[1]) for n in nodes]
         biases = [_constant(gm, _linear_args(n)[2]) for n in nodes]
         sizes = [w.shape[0] for w in weights]
-        w_node = _add_constant(gm, torch.cat(weights).detach(), "merged_weight")
+        joint_weight = _joint_rows(weights, form)
+        if joint_weight is None:
+            continue
+        w_node = _add_constant(gm, joint_weight, "merged_weight")
         b_node = None
         if any(b is not None for b in biases):
             full = [b if b is not None else torch.zeros(size, dtype=dtype, device=device)
@@ -263,13 +300,16 @@ def _quantized_decomposed():
 
 def _int8_linear(gm: fx.GraphModule, node: fx.Node, x, weight: torch.Tensor, bias, out_dtype, act_max: int) -> str:
     """Replace `node` (x @ weight.T + bias) with dynamic int8: the activation quantized per tensor at
-    run time (unsigned, asymmetric, 0..act_max), the weight per output channel now. Written as
-    quantize/dequantize around an fp32 linear: the form inductor's oneDNN passes lower to one int8 GEMM
-    (onednn.qlinear_pointwise)."""
+    run time (unsigned, asymmetric, 0..act_max), the weight per output channel now, or as torchao's
+    weight-only int8 already holds it. Written as quantize/dequantize around an fp32 linear: the form
+    inductor's oneDNN passes lower to one int8 GEMM (onednn.qlinear_pointwise)."""
     qd = _quantized_decomposed()
-    w = weight.detach().float().contiguous()
-    scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)
-    qweight = torch.round(w / scale[:, None]).clamp(-128, 127).to(torch.int8)
+    if (held := _int8_weight_only(weight)) is not None:
+        qweight, scale = held[0].contiguous(), held[1].clamp(min=1e-12)
+    else:
+        w = weight.detach().float().contiguous()
+        scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)
+        qweight = torch.round(w / scale[:, None]).clamp(-128, 127).to(torch.int8)
     g = gm.graph
     qw, sw = _add_constant(gm, qweight, "int8_weight"), _add_constant(gm, scale, "int8_scale")
     zw = _add_constant(gm, torch.zeros_like(scale, dtype=torch.int64), "int8_zero_point")
@@ -289,7 +329,21 @@ def _int8_linear(gm: fx.GraphModule, node: fx.Node, x, weight: torch.Tensor, bia
         if out_dtype != weight.dtype:      # the rest of the graph expects the op's own dtype
             out = g.call_method("to", (out, weight.dtype))
     _replace(node, out)
+    _keep_inputs_intact(out)
     return "Linear"
+
+
+def _keep_inputs_intact(out: fx.Node) -> None:
+    """Copy a graph input that is added to an int8 linear's result, first. Inductor fuses such an add into the
+    int8 GEMM as oneDNN's in-place "sum" post-op, and with the input as the accumulator it would write the
+    result into the caller's tensor."""
+    g = out.graph
+    for user in list(out.users):
+        if user.op == "call_function" and user.target in (operator.add, torch.add, torch.ops.aten.add.Tensor):
+            for arg in user.args[:2]:
+                if isinstance(arg, fx.Node) and arg.op == "placeholder":
+                    with g.inserting_before(user):
+                        user.replace_input_with(arg, g.call_function(operator.add, (arg, 0)))
 
 
 def _int8_embedding_bag(gm: fx.GraphModule, node: fx.Node, weight: torch.Tensor, out_dtype) -> str | None:

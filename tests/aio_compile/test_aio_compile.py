@@ -131,6 +131,19 @@ def test_int8_quantizes_linears_and_embedding_bags(monkeypatch):
     assert not torch.allclose(out, expected, atol=1e-5)
 
 
+def test_int8_leaves_the_callers_input_as_it_was():
+    """Inductor fuses `x + linear(x)` into the int8 GEMM as an in-place sum; x is the caller's tensor."""
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 64).eval()
+    x = torch.randn(1, 3, 64)
+    before = x.clone()
+    with torch.no_grad():
+        want = x + linear(x)
+        got = torch.compile(lambda t: t + linear(t), backend="aio", options={"quantize_int8_filter": "Linear"})(x)
+    torch.testing.assert_close(x, before, rtol=0, atol=0)
+    assert _cosine(got, want) > 0.999
+
+
 def test_invalid_settings_name_the_variable(monkeypatch):
     for var, bad in [("AIO_MERGE_LINEAR", "yes"), ("AIO_IMPLICIT_FP16_TRANSFORM_FILTER", "Lin(ear"),
                      ("AIO_QUANTIZE_INT8_FILTER", "Conv2d"), ("AIO_QUANTIZE_INT8_CONVERT_OUT_DTYPE", "int4")]:

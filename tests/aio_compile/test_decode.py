@@ -72,10 +72,63 @@ def test_torchaos_weight_only_int8_streams_its_int8_rows():
     with torch.no_grad():
         want = model(x)
     got, report = _compiled(model, x, "gemv-int8")
-    assert report["stream_gemv"]["linears"] == {"int8": 6}        # quantized rows are not merged
+    assert report["merge_linear"]["linears_merged"] == 3          # q/k/v's int8 rows and scales, concatenated
+    assert report["stream_gemv"]["linears"] == {"int8": 4}
     assert report["constants"] > 0
     cos = torch.nn.functional.cosine_similarity(got.float().flatten(), want.float().flatten(), dim=0)
     assert cos > 0.999, cos
+
+
+def test_torchaos_int8_rows_merge_and_decode_with_int8_activations():
+    """What `-p int8` gives a generation step on aio: torchao's weight-only int8 rows, merged, each single-row
+    GEMV run by oneDNN with the row quantized to 8 bits per call."""
+    pytest.importorskip("torchao")
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    torch.manual_seed(0)
+    model = Block().to(torch.bfloat16).eval()
+    quantize_(model, Int8WeightOnlyConfig())
+    x = torch.randn(1, 1, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        want = model(x)
+        got = torch.compile(model, backend="aio", dynamic=False, options={
+            "modelname": "w8a8", "quantize_int8_filter": "Linear", "int8_out_dtype": "BF16"})(x)
+    report = aio_compile.last_report("w8a8")
+    assert report["merge_linear"]["linears_merged"] == 3
+    assert report["quantize_int8"]["quantized"] == {"Linear": 4} and report["quantize_int8"]["onednn_int8_linears"] == 4
+    assert got.dtype == torch.bfloat16
+    cos = torch.nn.functional.cosine_similarity(got.float().flatten(), want.float().flatten(), dim=0)
+    assert cos > 0.99, cos
+    assert not torch.equal(got, want)          # the activations were quantized too
+
+
+@pytest.mark.parametrize("rows", [128, 48])
+def test_torchaos_int4_rows_merge_where_their_packing_allows(rows):
+    """int4 rows are packed in blocks of rows for the CPU kernel: parts whose rows fill whole blocks merge, and
+    whatever merges or not, the results stay those of the parts."""
+    pytest.importorskip("torchao")
+    from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
+    from torchao.quantization import quantize_
+
+    class Three(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v = (nn.Linear(128, rows, bias=False) for _ in range(3))
+
+        def forward(self, x):
+            return self.q(x) * self.k(x) + self.v(x)
+
+    torch.manual_seed(0)
+    model = Three().to(torch.bfloat16).eval()
+    quantize_(model, PrototypeInt4WeightOnlyConfig(group_size=128))
+    x = torch.randn(1, 1, 128, dtype=torch.bfloat16)
+    with torch.no_grad():
+        want = model(x)
+        got = torch.compile(model, backend="aio", dynamic=False, options={"modelname": f"int4-{rows}"})(x)
+    merged = aio_compile.last_report(f"int4-{rows}")["merge_linear"]["linears_merged"]
+    if rows == 128:
+        assert merged == 3
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
 
 
 def _tiny_llama():

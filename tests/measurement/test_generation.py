@@ -117,6 +117,20 @@ def test_int4_is_refused_where_it_does_not_apply(tmp_path):
     assert r.status == "unsupported" and r.reason
 
 
+def test_aios_own_path_decodes_int8_with_int8_activations_and_merges_quantized_rows(tmp_path):
+    spec = tiny_llama()
+    records = run(RunRequest(spec, ["aio_torch"], ["int8", "int4"], 1, ThreadChoice(1, "--threads"),
+                             spec.shape(**SHAPE), rule=StopRule(timeout_s=0.5)), tmp_path)
+    by = {r.precision: r for r in records}
+    assert all(r.status == "ok" and r.check["passed"] for r in records), [(r.precision, r.reason) for r in records]
+    assert by["int8"].precision_mode == "w8a8-dynamic" and by["int4"].precision_mode == "w4a16-g128"
+    int8 = by["int8"].backend_info["passes"]
+    # the decode graph's linears: q/k/v and gate/up merged per layer (2 layers), then each in oneDNN's int8 GEMM
+    assert int8["merge_linear"]["groups"] == 4 and by["int4"].backend_info["passes"]["merge_linear"]["groups"] == 4
+    assert int8["quantize_int8"]["onednn_int8_linears"] == int8["quantize_int8"]["quantized"]["Linear"] == 2 * 4 + 1
+    assert all(r.metrics["generation"]["recompilations"] == 0 for r in records)
+
+
 @pytest.mark.slow      # tunes two compiled strategies per precision: the second tier
 def test_aio_weighs_its_compiled_generation_path_against_inductors_eagers_and_the_engines(tmp_path):
     from aio_examples.backends import BACKENDS

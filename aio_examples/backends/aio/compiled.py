@@ -83,7 +83,8 @@ def prepare(model, example_inputs, precision, threads, ctx, inductor: Backend | 
 def _compiled_generation(model, example_inputs, precision, options) -> Prepared:
     """A generation step through backend "aio" with static shapes (one prefill graph, one decode graph):
     q/k/v and gate/up projections merged into one GEMM each (fewer, larger weight reads per token), weights
-    frozen; int8/int4 as weight-only quantization (torchao) first, whose packed weights stay unmerged."""
+    frozen; int8/int4 as weight-only quantization (torchao) first. int8's rows merge too, and its decode GEMVs
+    run with int8 activations (the prefill keeps bf16 ones); int4's packed weights stay unmerged."""
     import torch
 
     from ... import aio_compile
@@ -91,6 +92,13 @@ def _compiled_generation(model, example_inputs, precision, options) -> Prepared:
 
     model, mode, info = generation_weights(model, example_inputs, precision)
     info.update(dynamic=False, prefill="eager")
+    if precision == "int8":
+        # The decode graph's GEMVs take the int8 weights with int8 activations quantized per call (one row: per
+        # token), oneDNN's u8 x s8 kernels, where the weight-only path converts each weight back to bf16.
+        options.update(quantize_int8_filter=os.environ.get("AIO_QUANTIZE_INT8_FILTER") or "Linear",
+                       int8_out_dtype="BF16")
+        mode = "w8a8-dynamic"
+        info["activations"] = "bf16 in the prefill; int8 in decoding, quantized per token at run time (asymmetric u8)"
     aio_compile.resolve_options(options)
     info["provider"] = aio_compile.register()
     compiled = torch.compile(model, backend="aio", options=options, dynamic=False)
