@@ -129,6 +129,7 @@ def test_aios_own_path_decodes_int8_with_int8_activations_and_merges_quantized_r
     assert int8["merge_linear"]["groups"] == 4 and by["int4"].backend_info["passes"]["merge_linear"]["groups"] == 4
     assert int8["quantize_int8"]["onednn_int8_linears"] == int8["quantize_int8"]["quantized"]["Linear"] == 2 * 4 + 1
     assert all(r.metrics["generation"]["recompilations"] == 0 for r in records)
+    assert "skip_guard_on_all_nn_modules" in by["int8"].backend_info["guards"]
 
 
 @pytest.mark.slow      # tunes two compiled strategies per precision: the second tier
