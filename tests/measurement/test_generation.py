@@ -117,6 +117,7 @@ def test_int4_is_refused_where_it_does_not_apply(tmp_path):
     assert r.status == "unsupported" and r.reason
 
 
+@pytest.mark.slow      # compiles two decode graphs; the passes themselves are tested in tests/aio_compile
 def test_aios_own_path_decodes_int8_with_int8_activations_and_merges_quantized_rows(tmp_path):
     spec = tiny_llama()
     records = run(RunRequest(spec, ["aio_torch"], ["int8", "int4"], 1, ThreadChoice(1, "--threads"),
