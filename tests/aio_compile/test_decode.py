@@ -61,7 +61,8 @@ def test_single_row_linears_stream_and_agree_with_the_gemm(dtype):
     torch.testing.assert_close(got_four, want_four, rtol=tol, atol=tol)
 
 
-def test_torchaos_weight_only_int8_streams_its_int8_rows():
+def _int8_block():
+    """A bf16 Block with torchao's weight-only int8, one input row, and its eager output."""
     pytest.importorskip("torchao")
     from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
@@ -70,7 +71,11 @@ def test_torchaos_weight_only_int8_streams_its_int8_rows():
     quantize_(model, Int8WeightOnlyConfig())
     x = torch.randn(1, 1, 64, dtype=torch.bfloat16)
     with torch.no_grad():
-        want = model(x)
+        return model, x, model(x)
+
+
+def test_torchaos_weight_only_int8_streams_its_int8_rows():
+    model, x, want = _int8_block()
     got, report = _compiled(model, x, "gemv-int8")
     assert report["merge_linear"]["linears_merged"] == 3          # q/k/v's int8 rows and scales, concatenated
     assert report["stream_gemv"]["linears"] == {"int8": 4}
@@ -82,15 +87,8 @@ def test_torchaos_weight_only_int8_streams_its_int8_rows():
 def test_torchaos_int8_rows_merge_and_decode_with_int8_activations():
     """What `-p int8` gives a generation step on aio: torchao's weight-only int8 rows, merged, each single-row
     GEMV run by oneDNN with the row quantized to 8 bits per call."""
-    pytest.importorskip("torchao")
-    from torchao.quantization import Int8WeightOnlyConfig, quantize_
-
-    torch.manual_seed(0)
-    model = Block().to(torch.bfloat16).eval()
-    quantize_(model, Int8WeightOnlyConfig())
-    x = torch.randn(1, 1, 64, dtype=torch.bfloat16)
+    model, x, want = _int8_block()
     with torch.no_grad():
-        want = model(x)
         got = torch.compile(model, backend="aio", dynamic=False, options={
             "modelname": "w8a8", "quantize_int8_filter": "Linear", "int8_out_dtype": "BF16"})(x)
     report = aio_compile.last_report("w8a8")
