@@ -112,6 +112,9 @@ def _compiled_generation(model, example_inputs, precision, options) -> Prepared:
 
     def check():
         info["passes"] = aio_compile.last_report(options["modelname"]) or {}
+        if precision == "int8" and not (info["passes"].get("quantize_int8") or {}).get("onednn_int8_linears"):
+            raise UnsupportedError(f"no Linear of the decode step reached oneDNN's int8 GEMM (AIO_QUANTIZE_INT8_FILTER="
+                                   f"{options['quantize_int8_filter']!r}); accepted: a filter selecting Linear")
 
     return Prepared(_CheckedOnFirstCall(CompiledDecode(model, compiled), check), example_inputs, mode, info,
                     compiles_on_first_call=True)
