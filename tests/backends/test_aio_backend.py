@@ -57,6 +57,7 @@ def ran(r) -> set[str]:
     return {part.rsplit(" ", 1)[0] if part.endswith("%") else part for part in r.strategy.split("+")}
 
 
+@pytest.mark.slow      # prepares and races every engine twice: 20 s
 def test_a_cached_decision_races_the_engines_close_to_it_again_in_the_process_that_runs_it(monkeypatch):
     """Engines within RACE_MARGIN in the decision's timing are timed again where they run, and the faster here
     is run; engines far behind, or AIO_RACE_CLOSE=0, leave the decision's strategy alone, untimed."""

@@ -76,6 +76,7 @@ def test_a_quick_tuning_tries_only_its_quick_knobs_on_its_choice(knobs_on, monke
     assert json.loads(Path(tuning["file"]).read_text())["mode"] == "quick"
 
 
+@pytest.mark.slow      # tunes, then runs again from the cache: 20 s
 def test_a_knob_that_wins_is_kept_applied_and_reused_from_the_cache(knobs_on, monkeypatch):
     """With the defaults handicapped every knob trial wins: the first knob kept is applied to the next trial and
     to the run, and the decision cached with it is reused as it is."""

@@ -100,6 +100,7 @@ def test_a_sweep_records_each_crash_and_measures_the_rest(crashing, tmp_path):
     _check_crashes(records(out), phase=False)
 
 
+@pytest.mark.slow      # four inductor runs, each a process of its own: 40 s, the default tier's longest
 def test_benchmark_gives_back_the_memory_of_each_call(tmp_path):
     """Four inductor runs of one model in the calling process: it grows by the first call's libraries at
     most, not by each compiled graph's weights."""
