@@ -67,8 +67,9 @@ def unpaired(out: Path) -> list[tuple[str, str]]:
     records = [r for r in load_records(out) if r.status == "ok"]
     ours = {r.precision: set((r.scenario.get("rounds") or {}).get("with") or [])
             for r in records if r.backend == "aio_torch"}
-    return list(dict.fromkeys((r.precision, r.backend) for r in records if r.backend in ENGINES     # once each,
-                              and r.precision in ours and f"{r.backend}/{r.precision}" not in ours[r.precision]))  # over reruns
+    # once each, though the folder may hold several runs
+    return list(dict.fromkeys((r.precision, r.backend) for r in records if r.backend in ENGINES
+                              and r.precision in ours and f"{r.backend}/{r.precision}" not in ours[r.precision]))
 
 
 def pairs_table(out: Path) -> list[str]:
