@@ -39,7 +39,7 @@ def prepare_all(backend, model, example_inputs, precision, threads, ctx, weights
     strategies = settings.strategies_for(model, backend.engines)
     if quick and ctx.time_passes is not None:         # untuned, the first strategy runs: the compiled graph
         order = settings.QUICK_ORDER
-        strategies = tuple(sorted(strategies, key=lambda s: order.index(s) if s in order else -1))
+        strategies = tuple(sorted(strategies, key=lambda s: order.index(s) if s in order else len(order)))
     progress.plan(len(strategies) + 1)           # each strategy, the timing (and the stages after, once known)
     for strategy in strategies:
         if prepared and ctx.time_passes is None:

@@ -112,7 +112,11 @@ TUNE_MODES = ("quick", "thorough")
 # and a half (the model built, this tuning, the measurement). A strategy not started by then is left for
 # `--tune thorough`; the engines that are cheapest to prepare and most often fastest go first.
 QUICK_BUDGET_S = 30.0
-QUICK_ORDER = ("openvino", "onnxruntime", "compiled")
+# A generation step: the LLM engines first (their own formats, most often the fastest), then aio's own compiled
+# path; inductor, the slowest to compile and seldom ahead of it, last, so a slow machine's budget leaves it out
+# rather than the compiled path.
+QUICK_ORDER = ("openvino", "onnxruntime", "llama_cpp", "openvino_genai", "compiled", "onnxruntime_genai", "eager",
+               "inductor")
 # The knob a quick tuning tries on the strategy it chose, within its own budget: inputs bound once instead of fed
 # on every pass, which small models notice (kept for mobilenet_v2 and efficientnet_b0 by thorough tunings here)
 QUICK_KNOBS = ("io_binding",)
