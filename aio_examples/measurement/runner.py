@@ -158,6 +158,10 @@ def _run(req: RunRequest, out_dir: Path | None, run_id: str | None, reference: b
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit,
                                                            4 * RECOMPILE_LIMIT)
+    # Each run compiles its configurations afresh, as in a process of its own: graphs earlier runs of this
+    # process (a notebook, a test session) left on the same forward functions count against those limits, and
+    # a graph whose module guards were skipped (aio's decode step) could answer for another model's instance.
+    torch._dynamo.reset()
     threads_in_effect = apply_threads(req.threads.threads)
     module = req.module if req.module is not None else req.spec.build(req.weights, req.model_dir, req.shape)
     module.eval()
