@@ -43,6 +43,10 @@ def benchmark(model, *, precision: str | list[str] = "fp32", backend: str | list
     records is returned.
     """
     launcher = launcher_setting(launcher)
+    if launcher != "inline":        # each configuration's process forks from this server: its imports start now
+        from .core.forkserver import prestart
+
+        prestart(dict(os.environ))
     if tune is not None:
         from .backends.aio import TUNE_MODES
 

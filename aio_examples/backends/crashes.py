@@ -14,9 +14,9 @@ import json
 import os
 from datetime import UTC, datetime
 
+from ..core.forkserver import JOURNAL_ENV
 from ..core.paths import cache_dir, write_json_atomic
 
-JOURNAL_ENV = "AIO_JOURNAL"
 # The distribution whose version a strategy's crash belongs to
 PACKAGES = {"compiled": "torch", "inductor": "torch", "eager": "torch", "onnxruntime": "onnxruntime",
             "openvino": "openvino", "llama_cpp": "llama-cpp-python", "onnxruntime_genai": "onnxruntime-genai",

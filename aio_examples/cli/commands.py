@@ -79,6 +79,10 @@ def do_run(model: str, args) -> int:
 
     inline = measures_inline(args, len(backends) * len(precisions))
     pairs = fpmath_setting(args.fpmath_mode, precisions, inline)        # (precision, fast-math mode) of each
+    if not inline:          # each configuration's process forks from this server: its imports start now
+        from ..core.forkserver import prestart
+
+        prestart(dict(os.environ))
     from ..models import get_model, is_path
 
     if model is not None and is_path(model):          # a path where a zoo name goes: the file or folder it names

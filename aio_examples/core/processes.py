@@ -1,7 +1,9 @@
-"""Run one measurement point in a fresh process, so a crash, a hang or a leak stays in that point.
+"""Run one measurement point in a process of its own, so a crash, a hang or a leak stays in that point.
 
 Thread settings must be in place before torch starts, and a segfault in one compiler must not take
-a whole sweep down: every point of a matrix or sweep is its own `python -m aio_examples run ...`.
+a whole sweep down: every point of a matrix or sweep is its own `python -m aio_examples run ...`, forked from a
+server that has loaded torch and the engines already (core/forkserver.py) or, where it cannot be, a fresh
+interpreter.
 """
 
 import os
@@ -12,6 +14,8 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+
+from .forkserver import DRIVER_PID_ENV
 
 STDERR_TAIL_LINES = 15
 
@@ -74,9 +78,11 @@ class Isolated:
             read_end, write_end = os.pipe()
             self._echo = threading.Thread(target=_tee, args=(read_end, self.err, hold), daemon=True)
         try:
-            self.proc = subprocess.Popen([*(prefix or []), sys.executable, *argv], stdout=subprocess.DEVNULL,
-                                         stderr=write_end if echo else self.err, env=env, cwd=cwd,
-                                         start_new_session=True, pass_fds=pass_fds)
+            self.proc = _forked(argv, env, cwd, prefix, write_end if echo else self.err.fileno(), pass_fds)
+            if self.proc is None:
+                self.proc = subprocess.Popen([*(prefix or []), sys.executable, *argv], stdout=subprocess.DEVNULL,
+                                             stderr=write_end if echo else self.err, env=env, cwd=cwd,
+                                             start_new_session=True, pass_fds=pass_fds)
         finally:
             if echo:
                 os.close(write_end)             # the child's end: EOF reaches the reader when the child ends
@@ -111,6 +117,27 @@ class Isolated:
                        tail)
 
 
+def _forked(argv, env, cwd, prefix, stderr: int, pass_fds):
+    """The child forked from the fork server for its environment (core/forkserver.py), or None: a fresh one."""
+    from . import forkserver
+
+    stdin = 0 if _valid_fd(0) else None
+    devnull = os.open(os.devnull, os.O_RDWR)
+    try:
+        return forkserver.spawn(argv, env, cwd, prefix, (devnull if stdin is None else stdin, devnull, stderr),
+                                tuple(pass_fds))
+    finally:
+        os.close(devnull)
+
+
+def _valid_fd(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
 def _tee(fd: int, keep, hold: bytes | None) -> None:
     """Copy a child's stderr to ours and to `keep` until it closes (raw bytes: progress bars redraw in place);
     lines that begin with `hold` go to `keep` only."""
@@ -136,7 +163,6 @@ def run_isolated(argv: list[str], timeout_s: float, env: dict | None = None, cwd
     return Isolated(argv, env, cwd, prefix).wait(timeout_s)
 
 
-DRIVER_PID_ENV = "AIO_DRIVER_PID"
 
 
 def die_with_parent() -> None:
