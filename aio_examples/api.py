@@ -6,7 +6,7 @@ import tempfile
 
 from .core.errors import UsageError
 from .core.records import Result, check_output_dir, new_run_id
-from .drivers.worker import fpmath_setting, launcher_setting
+from .drivers.worker import backends_setting, fpmath_setting, launcher_setting, precisions_setting
 from .machine.threads import resolve_threads
 from .measurement.runner import RunRequest, run
 from .measurement.timing import StopRule
@@ -38,7 +38,8 @@ def benchmark(model, *, precision: str | list[str] = "fp32", backend: str | list
     `fpmath_mode`: fp32's fast math, "strict" (the default), "bf16" or "f16" where this CPU computes it, or a list
     measuring each (as `--fpmath-mode`); the records say the mode asked and read back in `fpmath`.
 
-    With a list of backends or precisions, every configuration is measured in one run, in interleaved rounds
+    `backend`, `precision` and `fpmath_mode` each take a name, a comma list (`"eager,inductor"`, as the CLI), a list
+    or `"all"` (backends and precisions). With several backends or precisions, every configuration is measured in one run, in interleaved rounds
     with eager fp32 alongside as the reference of the speedups (as `run --backend a,b`), and the list of their
     records is returned.
     """
@@ -58,8 +59,7 @@ def benchmark(model, *, precision: str | list[str] = "fp32", backend: str | list
     rule = StopRule(timeout_s=timeout, num_runs=num_runs)
     out_dir = check_output_dir(output) if output is not None else None
     inline = launcher == "inline"
-    backends = [backend] if isinstance(backend, str) else list(backend)
-    precisions = [precision] if isinstance(precision, str) else list(precision)
+    backends, precisions = backends_setting(backend), precisions_setting(precision)     # as the CLI reads them
     pairs = fpmath_setting(fpmath_mode, precisions, inline)
     several = len(backends) * len(pairs) > 1
     # the mode of a run in this process (one at most); with a process per configuration each gets its own

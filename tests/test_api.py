@@ -98,7 +98,8 @@ def test_a_model_file_by_path_with_its_input_shape(tmp_path):
 
 
 def test_benchmark_of_several_backends_is_one_interleaved_run():
-    results = benchmark("resnet_18", backend=["eager", "torchscript"], precision=["fp32", "bf16"], input_size=64,
+    # a comma list as the CLI takes it, or a list
+    results = benchmark("resnet_18", backend="eager,torchscript", precision=["fp32", "bf16"], input_size=64,
                         threads=1, num_runs=5)
     assert [(r.backend, r.precision) for r in results] == [("eager", "fp32"), ("torchscript", "fp32"),
                                                            ("eager", "bf16"), ("torchscript", "bf16")]
@@ -107,3 +108,34 @@ def test_benchmark_of_several_backends_is_one_interleaved_run():
         assert r.status == "ok", r.reason
         assert r.scenario["rounds"]["with"] == ["eager/fp32", "torchscript/fp32", "eager/bf16", "torchscript/bf16"]
         assert r.speedup_vs_eager_fp32 == pytest.approx(results[0].median_ms / r.median_ms)
+
+
+@pytest.mark.parametrize("forked", ["1", "0"], ids=["forked", "fresh interpreter"])
+def test_a_torchvision_model_the_user_built_is_measured_in_its_own_process(monkeypatch, forked):
+    # the configuration's process makes torchvision load on this torch before it unpickles the user's module,
+    # as the caller had; forked from the fork server or started as a fresh interpreter (AIO_FORKSERVER=0)
+    from aio_examples.compat.torchvision_shim import ensure_torchvision
+
+    monkeypatch.setenv("AIO_FORKSERVER", forked)
+    net = ensure_torchvision().models.resnet18().eval()
+    r = benchmark(net, example_inputs=(torch.randn(1, 3, 64, 64),), backend="eager", threads=1, num_runs=3)
+    assert r.status == "ok", r.reason
+    assert r.model == "ResNet" and r.check["passed"]
+
+
+def test_a_transformers_model_the_user_built_is_measured_in_its_own_process():
+    from transformers import BertConfig, BertModel
+
+    net = BertModel(BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                               intermediate_size=64)).eval()
+    r = benchmark(net, example_inputs=(torch.randint(0, 128, (1, 16)),), backend="eager,torchscript", threads=1,
+                  num_runs=3)
+    assert [(x.backend, x.status) for x in r] == [("eager", "ok"), ("torchscript", "ok")], [x.reason for x in r]
+    assert r[0].model == "BertModel" and r[0].check["passed"]
+
+
+def test_benchmark_refuses_a_bad_comma_list_as_the_cli_does():
+    with pytest.raises(UsageError, match="'eager,,inductor' has an empty item"):
+        benchmark(TinyNet(), example_inputs=(torch.randn(1, 32),), backend="eager,,inductor", threads=1)
+    with pytest.raises(UsageError, match="fp33"):
+        benchmark(TinyNet(), example_inputs=(torch.randn(1, 32),), precision="fp32,fp33", threads=1)

@@ -47,7 +47,7 @@ class OpenVINOGenAIBackend(EngineBackend):
             return reason
         import openvino as ov
 
-        compute = PRECISIONS[precision][1]
+        compute = _pins(precision)[1]              # int8/int4 compute in f32 where bf16 is not native
         capabilities = ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
         if compute in _NEEDS and _NEEDS[compute] not in capabilities:
             return (f"{precision} needs native {_NEEDS[compute]} support, which this CPU lacks "

@@ -6,52 +6,8 @@ import sys
 from pathlib import Path
 
 from ..core.errors import UsageError
-from ..drivers.worker import split_items
+from ..drivers.worker import backends_setting, precisions_setting, split_items
 from .parser import PROG
-
-
-def _backends(arg: str | None) -> list[str]:
-    from ..backends import DEFAULT_BACKEND, available_backends, get_backend
-    from ..backends.aio import (
-        huge_pages_setting,
-        knob_settings,
-        process_mode,
-        race_setting,
-        rows_setting,
-        split_settings,
-        switch_setting,
-        tune_setting,
-    )
-
-    if arg is None:
-        names = [DEFAULT_BACKEND]
-    elif arg == "all":
-        names = available_backends()
-    else:
-        names = split_items(arg, "--backend")
-        for n in names:
-            get_backend(n)
-    if {"aio", "aio_torch"} & set(names):
-        knob_settings()                       # a bad AIO_TUNE_KNOBS / AIO_KNOB_BUDGET_S stops here, before torch
-        split_settings()                      # and AIO_TUNE_SPLIT / AIO_SPLIT_BUDGET_S
-        rows_setting()                        # and AIO_TUNE_ROWS
-        race_setting()                        # and AIO_RACE_CLOSE
-        switch_setting()                      # and AIO_SWITCH
-        huge_pages_setting()                  # and AIO_HUGE_PAGES
-        tune_setting()                        # and AIO_TUNE
-    if {"aio", "aio_torch"} & set(names) and not process_mode():
-        print("AIO_PROCESS_MODE=0: the optimized backend is off, running eager instead", file=sys.stderr)
-        names = list(dict.fromkeys("eager" if n in ("aio", "aio_torch") else n for n in names))
-    return names
-
-
-def _precisions(arg: str) -> list[str]:
-    from ..core.precision import PRECISIONS, validate
-
-    if arg == "all":
-        return list(PRECISIONS)
-    return [validate(p) for p in split_items(arg, "-p/--precision")]
-
 
 # A run whose configurations were measured but one of whose processes crashed or hung (its record says so).
 EXIT_CRASHED = 3
@@ -71,10 +27,10 @@ def do_run(model: str, args) -> int:
     # Everything that can be checked without torch is checked first: bad input fails fast.
     if getattr(args, "tune", None):
         os.environ["AIO_TUNE"] = args.tune         # read by aio where it tunes: this process or a configuration's
-    precisions = _precisions(args.precision)
+    precisions = precisions_setting(args.precision)
     choice = resolve_threads(args.threads, allow_oversubscribe=args.allow_oversubscribe)
     export_thread_env(choice.threads)          # before torch starts its thread pools
-    backends = _backends(args.backend)
+    backends = backends_setting(args.backend)
     from ..drivers.worker import fpmath_setting, measures_inline
 
     inline = measures_inline(args, len(backends) * len(precisions))
@@ -92,6 +48,12 @@ def do_run(model: str, args) -> int:
         setattr(args, flag[2:].replace("-", "_"), model)
         model = None
     own = None            # a user's model file: (module, example inputs)
+    if getattr(args, "saved_module", None) or getattr(args, "model_file", None) or args.model_dir:
+        from ..compat import before_user_code
+        from ..machine.threads import apply_threads
+
+        before_user_code()                          # as the caller that built or saved it had done
+        apply_threads(choice.threads)               # a module's own code may run torch ops as it loads
     if getattr(args, "saved_module", None):        # benchmark(module) measuring it in a process of its own
         from ..models.custom import custom_spec, load_module
 

@@ -12,6 +12,8 @@ their variables once, at import, and numactl binds a process before it starts: a
 gets a server of its own (idle ones beyond MAX_SERVERS are stopped, least recently used first). The variables a
 driver sets per process (PER_PROCESS) are set in the fork. A command other than `-m MODULE` or `-c CODE`,
 `AIO_FORKSERVER=0`, a platform without fork, or a server that did not start runs a fresh interpreter as before.
+What an interpreter runs as it starts (`sitecustomize`, `.pth` files) ran once, in the server: a fork inherits its
+effects but does not run it again, and its `/proc/self/cmdline` is the server's.
 
 The server's side runs as `python -m aio_examples.core.forkserver FD`, reading requests on the socket FD: a JSON
 header (argv, environment, working folder, the fd numbers the child expects) with the child's status socket, its
@@ -39,16 +41,17 @@ from collections import OrderedDict
 from .log import logger
 
 ENABLE_ENV = "AIO_FORKSERVER"          # "0": every process a fresh interpreter
-DRIVER_PID_ENV = "AIO_DRIVER_PID"      # core.processes.die_with_parent: the pid whose death kills a process
+DRIVER_PID_ENV = "AIO_DRIVER_PID"      # die_with_parent: the pid whose death kills a process
 JOURNAL_ENV = "AIO_JOURNAL"            # backends/crashes.py: where a configuration's process notes its candidate
 PER_PROCESS = frozenset({DRIVER_PID_ENV, JOURNAL_ENV})
-# What every measurement process imports before its first pass, in this order; a module that does not import
-# (an engine not installed) is left to the processes that need it. Not ONNX Runtime: it starts a thread at
-# import, which a fork does not have and which its exit then fails to join (std::system_error).
-PRELOAD = ("torch", "aio_examples.compat.torchvision_shim:ensure_torchvision", "aio_examples.cli.commands",
+# What every measurement process imports before its first pass, in this order, after a driver's sched_setaffinity
+# binding (before torch starts its threads); a module that does not import (an engine not installed) is left to the
+# processes that need it. Not ONNX Runtime: it starts a thread at import, which a fork does not have and which its
+# exit then fails to join (std::system_error). Named, not imported: the server runs what the layers above provide.
+PRELOAD = ("aio_examples.machine.binding:apply_in_child", "torch",
+           "aio_examples.compat.torchvision_shim:ensure_torchvision", "aio_examples.cli.commands",
            "aio_examples.measurement.runner", "aio_examples.backends", "aio_examples.models", "transformers",
-           "transformers.modeling_utils", "torch._dynamo", "torch._inductor.compile_fx",
-           "openvino")
+           "transformers.modeling_utils", "torch._dynamo", "torch._inductor.compile_fx", "openvino")
 MAX_SERVERS = 4
 MAX_HEADER = 1 << 20                   # bytes: a longer command or environment runs a fresh interpreter
 START_TIMEOUT_S = 300.0                # a server's imports; past it the process runs a fresh interpreter
@@ -63,7 +66,7 @@ def enabled(environ=None) -> bool:
 # --- the driver's side ---------------------------------------------------------------------------------------
 
 class Child:
-    """A forked process, as much of `subprocess.Popen` as the drivers use: pid, returncode, poll, wait."""
+    """A forked process, as much of `subprocess.Popen` as the drivers use: pid, returncode, poll, wait, signals."""
 
     def __init__(self, pid: int, status: socket.socket, args: list):
         self.pid, self.args, self.returncode = pid, args, None
@@ -88,6 +91,17 @@ class Child:
         if self.returncode is None and not self._ended(timeout):
             raise subprocess.TimeoutExpired(self.args, timeout)
         return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:                 # not yet reaped by the server, so the pid is still this process's
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 def _line(sock: socket.socket, holder, timeout_s: float | None) -> str | None:
@@ -232,15 +246,27 @@ def _preload() -> None:
             pass
 
 
+def die_with_parent() -> None:
+    """In a point's process: be killed when the driver that started it dies (Linux `PR_SET_PDEATHSIG`).
+
+    Otherwise a killed driver would leave its current point running, and the rerun that resumes the
+    sweep would measure that point a second time while the orphan is still writing its record.
+    """
+    driver = os.environ.get(DRIVER_PID_ENV)
+    if not driver or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if str(os.getppid()) != driver:       # the driver died before we asked
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+
 def serve(control: socket.socket):
     """Fork a child per request until the driver closes the socket; in a child, return (request, fds)."""
-    from aio_examples.core.processes import die_with_parent
-
     die_with_parent()
-    with contextlib.suppress(Exception):
-        from aio_examples.machine.binding import apply_in_child
-
-        apply_in_child()                        # a driver's sched_setaffinity binding, before torch starts
     _preload()
     gc.collect()
     gc.freeze()             # the collector leaves the preloaded objects alone: their pages stay shared with forks
@@ -328,6 +354,7 @@ def _become(request: dict, fds: list) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     os.environ[DRIVER_PID_ENV] = str(os.getppid())      # it dies with the server, which dies with the driver
+    die_with_parent()                                   # whatever it runs (a fork does not keep the server's)
     os.chdir(request["cwd"])
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)

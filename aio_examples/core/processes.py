@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .forkserver import DRIVER_PID_ENV
+from .forkserver import DRIVER_PID_ENV, die_with_parent  # noqa: F401  (callers import die_with_parent from here)
 
 STDERR_TAIL_LINES = 15
 
@@ -161,22 +161,3 @@ def run_isolated(argv: list[str], timeout_s: float, env: dict | None = None, cwd
                  prefix: list[str] | None = None) -> Outcome:
     """Run `python argv...` in its own session; on timeout kill the whole process group (SIGKILL)."""
     return Isolated(argv, env, cwd, prefix).wait(timeout_s)
-
-
-
-
-def die_with_parent() -> None:
-    """In a point's process: be killed when the driver that started it dies (Linux `PR_SET_PDEATHSIG`).
-
-    Otherwise a killed driver would leave its current point running, and the rerun that resumes the
-    sweep would measure that point a second time while the orphan is still writing its record.
-    """
-    driver = os.environ.get(DRIVER_PID_ENV)
-    if not driver or not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if str(os.getppid()) != driver:       # the driver died before we asked
-        os.kill(os.getpid(), signal.SIGKILL)

@@ -9,6 +9,7 @@ A point whose process never wrote its own record gets one from `record_failure`,
 import argparse
 import math
 import os
+import sys
 
 from ..core import records as res
 from ..core.errors import UsageError
@@ -27,6 +28,56 @@ def split_items(text: str, flag: str) -> list[str]:
     if twice:
         raise UsageError(f"{flag} {text!r} lists {', '.join(twice)} more than once; accepted: each value once")
     return items
+
+
+def backends_setting(arg: str | list | None) -> list[str]:
+    """`--backend` (or benchmark's `backend`): a name, a comma list, a list or `all`, each checked; the aio
+    settings it will read checked too, before torch loads."""
+    from ..backends import DEFAULT_BACKEND, available_backends, get_backend
+    from ..backends.aio import (
+        huge_pages_setting,
+        knob_settings,
+        process_mode,
+        race_setting,
+        rows_setting,
+        split_settings,
+        switch_setting,
+        tune_setting,
+    )
+
+    if arg is None:
+        names = [DEFAULT_BACKEND]
+    elif not isinstance(arg, str):
+        names = split_items(",".join(arg), "--backend")
+        for n in names:
+            get_backend(n)
+    elif arg == "all":
+        names = available_backends()
+    else:
+        names = split_items(arg, "--backend")
+        for n in names:
+            get_backend(n)
+    if {"aio", "aio_torch"} & set(names):
+        knob_settings()                       # a bad AIO_TUNE_KNOBS / AIO_KNOB_BUDGET_S stops here, before torch
+        split_settings()                      # and AIO_TUNE_SPLIT / AIO_SPLIT_BUDGET_S
+        rows_setting()                        # and AIO_TUNE_ROWS
+        race_setting()                        # and AIO_RACE_CLOSE
+        switch_setting()                      # and AIO_SWITCH
+        huge_pages_setting()                  # and AIO_HUGE_PAGES
+        tune_setting()                        # and AIO_TUNE
+    if {"aio", "aio_torch"} & set(names) and not process_mode():
+        print("AIO_PROCESS_MODE=0: the optimized backend is off, running eager instead", file=sys.stderr)
+        names = list(dict.fromkeys("eager" if n in ("aio", "aio_torch") else n for n in names))
+    return names
+
+
+def precisions_setting(arg: str | list) -> list[str]:
+    """`-p/--precision` (or benchmark's `precision`): a name, a comma list, a list or `all`, each checked."""
+    from ..core.precision import PRECISIONS, validate
+
+    if arg == "all":
+        return list(PRECISIONS)
+    return [validate(p) for p in split_items(arg if isinstance(arg, str) else ",".join(arg), "-p/--precision")]
 
 
 def positive(flag, kind=int, accepted="a whole number >= 1"):
@@ -175,11 +226,11 @@ def fpmath_setting(modes, precisions: list[str], inline: bool) -> list[tuple[str
 
     modes = split_items(modes, "--fpmath-mode") if isinstance(modes, str) else list(modes)
     pairs = fpmath_configs(precisions, modes)
-    for mode in modes:
-        check_cpu(mode)
     if inline and len(modes) > 1:
         raise UsageError(f"--fpmath-mode {','.join(modes)} in one process cannot be: torch's fast math is the "
                          "process's; accepted: one mode with --launcher inline, or the process launcher (default)")
+    for mode in modes:
+        check_cpu(mode)
     return pairs
 
 

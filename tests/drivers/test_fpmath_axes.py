@@ -12,6 +12,7 @@ from aio_examples.drivers import sweep
 from aio_examples.drivers.launcher import configs_of
 from aio_examples.drivers.sweep import Point, SweepConfig, launch_of
 from aio_examples.drivers.worker import fpmath_setting, parse_run_argv, record_failure
+from aio_examples.machine.fpmath import accepted, cpu_flags
 from aio_examples.machine.topology import read_topology
 from aio_examples.models import get_model
 
@@ -25,7 +26,11 @@ def test_a_run_measures_fp32_in_each_mode_beside_strict_eager_fp32_and_other_pre
     assert [c.is_reference for c in configs] == [True, False, False, False, False]
     with pytest.raises(UsageError, match="torch's fast math is the process's"):
         fpmath_setting("strict,bf16", ["fp32"], inline=True)
-    assert fpmath_setting("strict,bf16", ["fp32"], inline=False) == [("fp32", "strict"), ("fp32", "bf16")]
+    if "bf16" in accepted(cpu_flags()):
+        assert fpmath_setting("strict,bf16", ["fp32"], inline=False) == [("fp32", "strict"), ("fp32", "bf16")]
+    else:
+        with pytest.raises(UsageError, match="bf16 needs native bf16 arithmetic, which this CPU lacks"):
+            fpmath_setting("strict,bf16", ["fp32"], inline=False)
 
 
 def test_the_sweep_axes_expand_into_points_of_their_own_keyed_and_identified_apart():
@@ -78,6 +83,10 @@ def test_a_sweep_point_reads_the_mode_and_the_variables_back_in_its_own_process(
     proc = run_cli(["-m", "aio_examples", "sweep", "resnet_18", "--input-size", "32", "--backends", "eager",
                     "--threads", "1", "--timeout", "0.5", "--quiet", "--fpmath-modes", "bf16",
                     "--lru-cache-capacity", "16", "--thp-mem-alloc", "1", "--output", str(out)])
+    if "bf16" not in accepted(cpu_flags()):        # an AVX2 CPU: refused in one line before any point runs
+        assert proc.returncode == 2 and "accepted here: strict" in proc.stderr.strip().splitlines()[-1]
+        assert not (out / "results.jsonl").exists()
+        return
     assert proc.returncode == 0, proc.stderr[-2000:]
     [line] = (out / "results.jsonl").read_text().splitlines()
     r = res.Result.from_dict(json.loads(line))

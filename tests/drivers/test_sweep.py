@@ -48,7 +48,10 @@ def fault_env(tmp_path, match: str, kind: str) -> dict:
     folder = tmp_path / "faults"
     folder.mkdir(exist_ok=True)
     (folder / "sitecustomize.py").write_text(FAULTS)
-    return {"PYTHONPATH": f"{folder}:{os.environ.get('PYTHONPATH', '')}", "FAULT_MATCH": match, "FAULT": kind}
+    # AIO_FORKSERVER=0: the fault reads its process's command line as the interpreter starts, which a fork from
+    # the server (started once, with its own command line) does not do
+    return {"PYTHONPATH": f"{folder}:{os.environ.get('PYTHONPATH', '')}", "FAULT_MATCH": match, "FAULT": kind,
+            "AIO_FORKSERVER": "0"}
 
 
 @needs_numactl
