@@ -1,3 +1,4 @@
+import contextlib
 import os
 import shutil
 import signal
@@ -36,10 +37,22 @@ def _isolated_cache(tmp_path_factory, monkeypatch, request):
         monkeypatch.setenv("AIO_LAUNCHER", "inline")
 
 
+MEASURING = {"run", "profile", "matrix", "sweep", "throughput", "loadgen", "peak"}
+
+
 def run_cli(args, cwd=ROOT, env=None, timeout=600, cpus=None):
-    """Run a real command (a run.py or `python -m aio_examples`) and capture it; `cpus` pins it to those CPUs."""
+    """Run a real command (a run.py or `python -m aio_examples`) and capture it; `cpus` pins it to those CPUs.
+
+    A command that measures (`python -m aio_examples run ...`) is forked from the harness's fork server, as its
+    configurations are, so the tests do not pay a fresh interpreter's imports for each command and configuration
+    (a run.py, the front door, starts fresh as a user's does; `AIO_FORKSERVER=0` in `env` starts any command
+    fresh). The others import no engine and start in a fraction of a second anyway."""
     full_env = {k: v for k, v in os.environ.items() if k not in ("AIO_NUM_THREADS", "OMP_NUM_THREADS")}
     full_env.update(env or {})
+    if cpus is None and args[:2] == ["-m", "aio_examples"] and len(args) > 2 and args[2] in MEASURING:
+        done = _forked_cli(args, cwd, full_env, timeout)
+        if done is not None:
+            return done
     command, pin = [sys.executable, *args], None
     if cpus is not None and shutil.which("taskset"):
         command = ["taskset", "-c", ",".join(map(str, sorted(cpus))), *command]
@@ -47,6 +60,33 @@ def run_cli(args, cwd=ROOT, env=None, timeout=600, cpus=None):
         pin = lambda: os.sched_setaffinity(0, cpus)   # no taskset here
     return subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True,
                           timeout=timeout, check=False, preexec_fn=pin)
+
+
+def _forked_cli(args, cwd, env, timeout):
+    """`subprocess.run(..., capture_output=True, text=True)` of a command forked from the fork server; None when
+    it cannot be forked."""
+    import tempfile
+
+    from aio_examples.core import forkserver
+
+    # it dies with the tests, as a fresh one does; without pytest's name of the current test, which would make
+    # every test's environment another and start a server of its own
+    env = {**{k: v for k, v in env.items() if k != "PYTEST_CURRENT_TEST"}, forkserver.DRIVER_PID_ENV: str(os.getpid())}
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, open(os.devnull, "rb") as stdin:
+        child = forkserver.spawn(args, env, cwd, None, (stdin.fileno(), out.fileno(), err.fileno()))
+        if child is None:
+            return None
+        try:
+            child.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            raise
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess([sys.executable, *args], child.returncode,
+                                           out.read().decode(errors="replace"), err.read().decode(errors="replace"))
 
 
 def handicap(monkeypatch, slowed=lambda passes: "kept" if "kept" in passes else None):

@@ -180,6 +180,39 @@ class Server:
         self.log.close()
 
 
+class Parent(Server):
+    """In a forked process, the server it was forked from, for processes of the same environment and prefix: a
+    forked driver's configurations fork from it too instead of from a server of their own. The server kills what
+    it forked for this process when the process's end of the socket closes (it ended, or was killed)."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock, self.children, self.lock = sock, weakref.WeakSet(), threading.Lock()
+        self.proc = _Alive()
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115  (closed in stop())
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        self.log.close()
+
+
+class _Alive:
+    """The parent server, as `Server.proc`: while this process lives, so does it (this one dies with it)."""
+
+    def __init__(self):
+        self.pid = os.getppid()
+
+    @staticmethod
+    def poll():
+        return None
+
+
+def adopt(key: tuple, sock: socket.socket) -> None:
+    """In a fork: the server it came from serves the processes of its environment and prefix (`key`)."""
+    _servers[key] = Parent(sock)
+    atexit.register(stop_all)
+
+
 _servers: "OrderedDict[tuple, Server]" = OrderedDict()
 _servers_lock = threading.Lock()
 
@@ -214,7 +247,7 @@ def spawn(argv: list, env: dict, cwd, prefix: list | None, stdio: tuple, pass_fd
     if not (len(argv) > 1 and argv[0] in ("-m", "-c") and enabled(env)):
         return None
     header = json.dumps({"argv": list(argv), "env": dict(env), "cwd": str(cwd or os.getcwd()),
-                         "targets": [0, 1, 2, *pass_fds]}).encode()
+                         "targets": [0, 1, 2, *pass_fds], "prefix": list(prefix or [])}).encode()
     if len(header) > MAX_HEADER:
         return None
     return _server(env, list(prefix or [])).fork(header, [*stdio, *pass_fds], [sys.executable, *argv])
@@ -265,7 +298,8 @@ def die_with_parent() -> None:
 
 
 def serve(control: socket.socket):
-    """Fork a child per request until the driver closes the socket; in a child, return (request, fds)."""
+    """Fork a child per request until the driver closes the socket; in a child, return (request, fds, the
+    connection on which it may ask for forks of its own)."""
     die_with_parent()
     _preload()
     gc.collect()
@@ -276,44 +310,66 @@ def serve(control: socket.socket):
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     jobs: dict[int, socket.socket] = {}
+    # the driver's socket, and one per forked process (which may ask for forks of its own): what each asked for
+    conns: dict[socket.socket, set] = {control: set()}
     while True:
-        readable = select.select([control, wake_r], [], [])[0]
+        readable = select.select([*conns, wake_r], [], [])[0]
         if wake_r in readable:
             with contextlib.suppress(BlockingIOError):
                 while os.read(wake_r, 4096):
                     pass
             _reap(jobs)
-        if control not in readable:
-            continue
-        data, fds, _, _ = socket.recv_fds(control, MAX_HEADER + 1, 256)
-        if not data:                            # the driver has gone
-            return None
-        status, request = socket.socket(fileno=fds[0]), json.loads(data)
-        ours = {control.fileno(), wake_r, wake_w, *fds, *(s.fileno() for s in jobs.values())}
-        if {t for t in request["targets"] if t > 2} & (_open_fds() - ours):
-            for fd in fds[1:]:          # a library of ours holds one of those numbers: a fresh interpreter
-                os.close(fd)
-            with contextlib.suppress(OSError):
-                status.sendall(b"fresh\n")
-            status.close()
-            continue
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            signal.set_wakeup_fd(-1)
-            for sock in (control, *jobs.values()):
-                sock.close()
-            status.close()
-            os.close(wake_r)
-            os.close(wake_w)
-            return request, fds[1:]
-        for fd in fds[1:]:
+        for conn in [c for c in readable if c in conns]:
+            try:
+                data, fds, _, _ = socket.recv_fds(conn, MAX_HEADER + 1, 256)
+            except OSError:
+                data, fds = b"", []
+            if not data:
+                if conn is control:             # the driver has gone
+                    return None
+                for pid in conns.pop(conn):     # a forked process ended: what it started ends with it
+                    if pid in jobs:
+                        with contextlib.suppress(OSError):
+                            os.killpg(pid, signal.SIGKILL)
+                conn.close()
+                continue
+            job = _fork(conn, conns, jobs, fds, json.loads(data), (wake_r, wake_w))
+            if job is not None:
+                return job
+        _reap(jobs)
+
+
+def _fork(conn, conns: dict, jobs: dict, fds: list, request: dict, wake: tuple):
+    """Fork the child `request` asks for on `conn`; in the child, return (request, fds, its own connection)."""
+    status = socket.socket(fileno=fds[0])
+    ours = {*(c.fileno() for c in conns), *wake, *fds, *(s.fileno() for s in jobs.values())}
+    if {t for t in request["targets"] if t > 2} & (_open_fds() - ours):
+        for fd in fds[1:]:          # a library of ours holds one of those numbers: a fresh interpreter
             os.close(fd)
         with contextlib.suppress(OSError):
-            status.sendall(f"{pid}\n".encode())
-        jobs[pid] = status
-        _reap(jobs)
+            status.sendall(b"fresh\n")
+        status.close()
+        return None
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        signal.set_wakeup_fd(-1)
+        for sock in (*conns, *jobs.values(), mine, status):
+            sock.close()
+        for fd in wake:
+            os.close(fd)
+        return request, fds[1:], theirs
+    theirs.close()
+    for fd in fds[1:]:
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        status.sendall(f"{pid}\n".encode())
+    jobs[pid] = status
+    conns[conn].add(pid)
+    conns[mine] = set()
+    return None
 
 
 def _open_fds() -> set:
@@ -339,15 +395,21 @@ def _reap(jobs: dict) -> None:
             sock.close()
 
 
-def _become(request: dict, fds: list) -> None:
-    """In the fork: the session, descriptors, environment, folder and signals of a fresh `python argv...`."""
+def _become(request: dict, fds: list, conn: socket.socket) -> None:
+    """In the fork: the session, descriptors, environment, folder and signals of a fresh `python argv...`; the
+    server it came from forks what it asks for with the same environment and prefix (`adopt`)."""
     import fcntl
+
+    registry = importlib.import_module("aio_examples.core.forkserver")     # this file runs as __main__
 
     os.setsid()
     targets = request["targets"]
     moved = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, max(targets) + 1) for fd in fds]
     for fd in fds:
         os.close(fd)
+    kept = socket.socket(fileno=fcntl.fcntl(conn.fileno(), fcntl.F_DUPFD_CLOEXEC, max(targets) + 1))
+    conn.close()
+    registry.adopt(_key(request["env"], request.get("prefix", [])), kept)
     for fd, target in zip(moved, targets, strict=True):
         os.dup2(fd, target)
         os.close(fd)

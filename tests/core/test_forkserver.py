@@ -119,3 +119,35 @@ def test_a_command_the_server_cannot_run_is_a_fresh_interpreter(tmp_path):
     script.write_text("import os, sys\nprint(os.getppid(), file=sys.stderr)\n")
     outcome = run_isolated([str(script)], 60)
     assert outcome.returncode == 0 and outcome.stderr_tail == [str(os.getpid())]     # our own child
+
+
+@pytest.mark.skipif(not forkserver.enabled(), reason="no fork server on this platform")
+def test_a_forked_driver_forks_its_processes_from_the_same_server_and_they_end_with_it(tmp_path):
+    """A driver that was itself forked (a sweep's point, a test's command) asks its server for its own
+    processes instead of starting a server of its own; when it is killed, what it started is killed too."""
+    pids = tmp_path / "pids"
+    code = textwrap.dedent(f"""
+        import os, time
+        from aio_examples.core.processes import Isolated
+        inner = Isolated(["-c", "import os, time; open({str(pids)!r}, 'w').write(f'{{os.getppid()}} {{os.getpid()}}');"
+                                " time.sleep(600)"])
+        time.sleep(600)
+    """)
+    driver = Isolated(["-c", code])
+    try:
+        deadline = time.monotonic() + 120
+        while not (pids.exists() and pids.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        server, inner = map(int, pids.read_text().split())
+        assert server == _ppid(driver.proc.pid)      # a sibling of its driver: forked by the same server
+    finally:
+        driver.kill()
+    deadline = time.monotonic() + 20
+    while _alive(inner) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(inner) and _alive(server)
+
+
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[1])
