@@ -43,7 +43,12 @@ from .log import logger
 ENABLE_ENV = "AIO_FORKSERVER"          # "0": every process a fresh interpreter
 DRIVER_PID_ENV = "AIO_DRIVER_PID"      # die_with_parent: the pid whose death kills a process
 JOURNAL_ENV = "AIO_JOURNAL"            # backends/crashes.py: where a configuration's process notes its candidate
-PER_PROCESS = frozenset({DRIVER_PID_ENV, JOURNAL_ENV})
+# Variables that differ from process to process and that no preloaded import reads: the server for an environment
+# is chosen without them (each fork still gets them). pytest's changes with every test. The harness's own AIO_*
+# variables are read when a command runs, never at import, so they choose no server either; except those the
+# preload reads: the binding its first step applies (machine/binding.py) and the cache torchvision's shim builds in.
+PER_PROCESS = frozenset({DRIVER_PID_ENV, JOURNAL_ENV, "PYTEST_CURRENT_TEST"})
+PRELOAD_READS = frozenset({"AIO_BINDING", "AIO_CACHE_DIR"})
 # What every measurement process imports before its first pass, in this order, after a driver's sched_setaffinity
 # binding (before torch starts its threads); a module that does not import (an engine not installed) is left to the
 # processes that need it. Not ONNX Runtime: it starts a thread at import, which a fork does not have and which its
@@ -217,8 +222,13 @@ _servers: "OrderedDict[tuple, Server]" = OrderedDict()
 _servers_lock = threading.Lock()
 
 
+def _shapes_server(name: str) -> bool:
+    """Whether a variable may change what the server's imports do, so that it needs a server of its own."""
+    return name not in PER_PROCESS and (not name.startswith("AIO_") or name in PRELOAD_READS)
+
+
 def _key(env: dict, prefix: list) -> tuple:
-    return tuple(prefix), tuple(sorted((k, v) for k, v in env.items() if k not in PER_PROCESS))
+    return tuple(prefix), tuple(sorted((k, v) for k, v in env.items() if _shapes_server(k)))
 
 
 def _server(env: dict, prefix: list) -> Server:
@@ -234,7 +244,7 @@ def _server(env: dict, prefix: list) -> Server:
                 _servers.pop(idle.pop(0)).stop()
             if not _servers:
                 atexit.register(stop_all)
-            server = _servers[key] = Server({k: v for k, v in env.items() if k not in PER_PROCESS}, prefix)
+            server = _servers[key] = Server({k: v for k, v in env.items() if _shapes_server(k)}, prefix)
             logger.debug("fork server %d started (%d running)", server.proc.pid, len(_servers))
         _servers.move_to_end(key)
         return server

@@ -18,7 +18,8 @@ REPORT = textwrap.dedent("""
     import json, os, sys
     fd = int(sys.argv[1])
     os.write(fd, json.dumps({"ppid": os.getppid(), "argv": sys.argv, "cwd": os.getcwd(),
-                             "var": os.environ.get("AIO_TEST_VAR"), "torch": "torch" in sys.modules}).encode())
+                             "var": os.environ.get("AIO_TEST_VAR"),
+                             "debug": os.environ.get("AIO_DEBUG_MODE"), "torch": "torch" in sys.modules}).encode())
     print("to stderr", file=sys.stderr)
     sys.exit(int(sys.argv[2]))
 """)
@@ -51,11 +52,15 @@ def test_a_forked_process_gets_its_command_environment_folder_descriptors_and_ex
 
 
 def test_a_per_process_variable_shares_the_server_and_another_environment_gets_its_own():
-    base = {**os.environ, "AIO_TEST_VAR": "a"}
-    first = _report({**base, forkserver.JOURNAL_ENV: "/tmp/one"})[1]["ppid"]
-    second = _report({**base, forkserver.JOURNAL_ENV: "/tmp/two"})[1]["ppid"]
-    other = _report({**base, "AIO_TEST_VAR": "b"})[1]["ppid"]
-    assert first == second != other
+    # a command's own variables (the journal, AIO_DEBUG_MODE) share a server and reach the process; a variable
+    # an import may read (OMP_*, or the binding the preload applies) gets a server of its own
+    base = {**os.environ, "OMP_TEST_VAR": "a"}
+    said = _report({**base, forkserver.JOURNAL_ENV: "/tmp/one"})[1]
+    said_too = _report({**base, forkserver.JOURNAL_ENV: "/tmp/two", "AIO_DEBUG_MODE": "1"})[1]
+    other = _report({**base, "OMP_TEST_VAR": "b"})[1]["ppid"]
+    bound = _report({**base, "AIO_BINDING": "{}"})[1]["ppid"]
+    assert said["ppid"] == said_too["ppid"] != other != bound != said["ppid"]
+    assert (said["debug"], said_too["debug"]) == (None, "1")
 
 
 def test_a_crash_in_a_forked_process_is_its_own_and_a_timeout_kills_it():
