@@ -56,8 +56,11 @@ def test_a_backend_that_cannot_take_the_model_is_a_result_not_a_crash():
     assert r.status in ("failed", "unsupported") and r.reason
 
 
+TINY_GPT2 = ["n_layer=1", "n_embd=64", "n_head=2"]
+
+
 def test_gpt2_generation_reports_tokens_and_time_to_first_token():
-    r = benchmark("gpt2", seq_len=8, new_tokens=4, threads=1, num_runs=3)
+    r = benchmark("gpt2", config=TINY_GPT2, seq_len=8, new_tokens=4, threads=1, num_runs=3)
     assert r.status == "ok"
     assert r.throughput["unit"] == "tokens/s"
     assert r.metrics["ttft_ms"]["n"] == 3
@@ -65,7 +68,7 @@ def test_gpt2_generation_reports_tokens_and_time_to_first_token():
 
 
 def test_gpt2_on_torchscript_is_unsupported_with_a_reason():
-    r = benchmark("gpt2", backend="torchscript", seq_len=8, new_tokens=2, threads=1, num_runs=1)
+    r = benchmark("gpt2", backend="torchscript", config=TINY_GPT2, seq_len=8, new_tokens=2, threads=1, num_runs=1)
     assert r.status == "unsupported" and "KV cache" in r.reason
 
 

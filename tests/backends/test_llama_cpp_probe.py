@@ -93,7 +93,7 @@ def test_llama_cpp_loads_as_a_cached_decision_says(tmp_path):
     counter = tmp_path / "started"
     probe.decide("Q4_0", crashing(counter, "on"), probe.machine())
     probe.decide("Q8_0", crashing(counter, "on,off"), probe.machine())
-    results = {r.precision: r for r in engine_run(tmp_path, "llama_cpp", ["int4", "int8"]) if r.backend == "llama_cpp"}
+    results = {r.precision: r for r in engine_run(tmp_path, "llama_cpp", ["int4", "int8"], with_eager=False) if r.backend == "llama_cpp"}
     int4, int8 = results["int4"], results["int8"]
     assert int4.status == "ok", int4.reason
     assert int4.backend_info["extra_buffer_types"] is False
@@ -103,6 +103,7 @@ def test_llama_cpp_loads_as_a_cached_decision_says(tmp_path):
 
 
 @needs("llama_cpp")
+@pytest.mark.slow       # llama.cpp loaded in each probe child on this CPU; the decisions are tested above on crashing children
 def test_the_real_probe_decides_and_llama_cpp_runs_int8_and_int4(tmp_path):
     decided = {t: probe.decision(t) for t in ("Q8_0", "Q4_0")}
     for d in decided.values():

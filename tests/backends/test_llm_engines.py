@@ -22,9 +22,9 @@ def tiny_llama():
     return get_model("llama_3_2_1b").with_config(TINY)
 
 
-def engine_run(tmp_path, backend, precisions, batch=1):
+def engine_run(tmp_path, backend, precisions, batch=1, with_eager=True):
     spec = tiny_llama()
-    return run(RunRequest(spec, ["eager", backend], precisions, batch, ThreadChoice(1, "--threads"),
+    return run(RunRequest(spec, ["eager", backend] if with_eager else [backend], precisions, batch, ThreadChoice(1, "--threads"),
                           spec.shape(**SHAPE), rule=StopRule(timeout_s=0.5)), tmp_path)
 
 

@@ -45,9 +45,11 @@ def test_run_py_writes_a_complete_record(tmp_path):
 
 def test_aio_num_threads_is_honoured_and_records_append(tmp_path):
     out = tmp_path / "res"
-    args = ["run.py", "--backend", "eager", "--output", str(out), "--input-size", "64", "--num-runs", "5"]
+    # `run MODEL` is what a model's run.py runs (above): forked from the tests' fork server
+    args = ["-m", "aio_examples", "run", "resnet_18", "--backend", "eager", "--output", str(out), "--input-size", "32",
+            "--num-runs", "5"]
     for _ in range(2):
-        proc = run_cli(args, cwd=RESNET18, env={"AIO_NUM_THREADS": "1"})
+        proc = run_cli(args, env={"AIO_NUM_THREADS": "1"})
         assert proc.returncode == 0, proc.stderr
     records = pd.read_json(out / "results.jsonl", lines=True)
     assert len(records) == 2 and records["run_id"].nunique() == 2
@@ -58,8 +60,8 @@ def test_aio_num_threads_is_honoured_and_records_append(tmp_path):
 
 def test_several_backends_give_one_table_with_speedups(tmp_path):
     out = tmp_path / "res"
-    proc = run_cli(["run.py", "-p", "bf16", "--backend", "eager,torchscript", "--output", str(out), *QUICK],
-                   cwd=RESNET18)
+    proc = run_cli(["-m", "aio_examples", "run", "resnet_18", "-p", "bf16", "--backend", "eager,torchscript",
+                    "--output", str(out), *QUICK])
     assert proc.returncode == 0, proc.stderr
     assert "interleaved" in proc.stdout
     records = pd.read_json(out / "results.jsonl", lines=True)

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from conftest import ROOT
 
 RUN = [sys.executable, "-m", "aio_examples", "run", "squeezenet", "--backend", "eager", "--input-size", "32", "-t",
@@ -36,6 +37,7 @@ def test_sigterm_while_measuring_keeps_the_measurement_and_exits_143(tmp_path):
     assert any("interrupted after" in w for w in record["warnings"])
 
 
+@pytest.mark.slow       # the same as tests/cli/test_cli.py's Ctrl-C through run.py, through the CLI
 def test_ctrl_c_while_measuring_keeps_the_measurement_and_exits_130(tmp_path):
     proc, _ = start_and_wait_for_measuring([*RUN, "--output", str(tmp_path)])
     proc.send_signal(signal.SIGINT)

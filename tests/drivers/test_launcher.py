@@ -90,6 +90,7 @@ def test_benchmark_survives_a_module_that_crashes_its_process(crashing, tmp_path
     assert records(tmp_path).keys() == by_precision.keys()          # each appended to the output too
 
 
+@pytest.mark.slow       # the same crash isolation as a run's (above), through a sweep
 def test_a_sweep_records_each_crash_and_measures_the_rest(crashing, tmp_path):
     _, path, env = crashing
     out = tmp_path / "sweep"

@@ -113,6 +113,7 @@ def test_the_arrays_are_four_times_the_cache_and_256_mib_together_within_the_mem
     assert default_array_bytes(32 * MIB, memory=0) == 128 * MIB            # memory unknown
 
 
+@pytest.mark.slow       # the whole command at the machine's own array size (half a minute); the measurement in its child is the test above
 def test_peak_prints_the_bandwidth_per_thread_count(tmp_path):
     proc = run_cli(["-m", "aio_examples", "peak", "--only", "bandwidth", "--threads", "1"],
                    env={"AIO_CACHE_DIR": str(tmp_path / "cache")})
