@@ -241,6 +241,10 @@ def test_tuning_keeps_no_strategy_whose_outputs_fail_the_check(monkeypatch):
                              time_passes=time_passes, check=check)
         return BACKENDS["aio"].prepare(Mlp().eval(), inputs, "fp32", 1, ctx).info
 
+    # a quick fp32 tuning leaves the compiled graph to the runtimes (settings.QUICK_LEFT_TO_RUNTIMES)
+    info = tuned(None, "quick-fp32")
+    assert info["tuning"]["refused"]["compiled"].startswith("left out of a quick fp32 tuning")
+    monkeypatch.setenv("AIO_TUNE", "thorough")         # which tries every strategy
     # the compiled strategy's output is a torch tensor, the runtimes' are numpy arrays: refuse the first
     info = tuned(lambda out, precision: "wrong" if isinstance(out, torch.Tensor) else None, "checked-one")
     assert info["strategy"] in ("onnxruntime", "openvino")

@@ -34,7 +34,8 @@ def prepare_all(backend, model, example_inputs, precision, threads, ctx, weights
     """Prepare every strategy that can run on `backend`'s engines, each on its own copy of the model (the last on
     the model handed in) and where memory allows, checked when `checked`: ({strategy: (prepared, pass)},
     {strategy refused: why}, {strategy whose outputs fail the check: (prepared, pass)}). A quick tuning prepares
-    the cheapest first and no more once QUICK_BUDGET_S is spent; without `ctx.time_passes`, the first that runs."""
+    the cheapest first, no more once QUICK_BUDGET_S is spent and, at fp32, no compiled graph once a runtime is
+    prepared (QUICK_LEFT_TO_RUNTIMES); without `ctx.time_passes`, the first that runs."""
     prepared, refused, wrong = {}, {}, {}
     strategies = settings.strategies_for(model, backend.engines)
     if quick and ctx.time_passes is not None:         # untuned, the first strategy runs: the compiled graph
@@ -48,6 +49,11 @@ def prepare_all(backend, model, example_inputs, precision, threads, ctx, weights
         if quick and prepared and time.monotonic() - started > settings.QUICK_BUDGET_S:
             refused[strategy] = (f"left out of the quick tuning's {settings.QUICK_BUDGET_S:.0f} s of preparing "
                                  "(--tune thorough tries it)")
+            continue
+        if quick and strategy in settings.QUICK_LEFT_TO_RUNTIMES.get(precision, ()) \
+                and prepared.keys() & set(settings.QUICK_RUNTIMES):
+            refused[strategy] = (f"left out of a quick {precision} tuning: the runtimes were faster at {precision} "
+                                 "in every thorough tuning measured (--tune thorough tries it)")
             continue
         last, engine = strategy == strategies[-1], backend.engines.get(strategy)
         if isinstance(engine, EngineBackend):         # an LLM engine reads the model into its own format
