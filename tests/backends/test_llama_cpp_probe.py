@@ -1,6 +1,8 @@
 """llama.cpp's probe of its extra buffer types (AMX, repacked weights): real child processes that crash with
 SIGILL, the decision and its cache, the refusal, and the real probe and engine on this machine's CPU."""
 
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -24,8 +26,12 @@ MACHINE = {"cpu": "a test's", "llama_cpp_python": "none"}
 
 @pytest.fixture(autouse=True)
 def _own_cache(tmp_path, monkeypatch):
-    """Decisions cached by one test are not another's."""
-    monkeypatch.setenv("AIO_CACHE_DIR", str(tmp_path / "cache"))
+    """Decisions cached by one test are not another's; the machine's memory bandwidth (the generation roofline's,
+    half a minute to measure at full size) is the session's, when it has been measured."""
+    session, own = Path(os.environ["AIO_CACHE_DIR"]), tmp_path / "cache"
+    if (session / "bandwidth").is_dir():
+        shutil.copytree(session / "bandwidth", own / "bandwidth")
+    monkeypatch.setenv("AIO_CACHE_DIR", str(own))
 
 
 def crashing(counter: Path, crash_in: str):
