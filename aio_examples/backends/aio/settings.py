@@ -117,13 +117,13 @@ QUICK_BUDGET_S = 30.0
 # rather than the compiled path.
 QUICK_ORDER = ("openvino", "onnxruntime", "llama_cpp", "openvino_genai", "compiled", "onnxruntime_genai", "eager",
                "inductor")
-# The knob a quick tuning tries on the strategy it chose, within its own budget: inputs bound once instead of fed
-# on every pass, which small models notice (kept for mobilenet_v2 and efficientnet_b0 by thorough tunings here)
 # At fp32 the runtimes' own kernels beat the compiled graph in every thorough tuning of docs/aio-performance.md's
 # table (the graph wins at bf16): a quick fp32 tuning that has a runtime prepared leaves these out, and with them
 # the longest preparation (resnet_50_v1's compile: about 40 s of a 2-core machine's first answer).
-QUICK_RUNTIMES = ("openvino", "onnxruntime")
+QUICK_RUNTIMES = tuple(s for s in STRATEGIES if s != "compiled")     # STRATEGIES' runtimes
 QUICK_LEFT_TO_RUNTIMES = {"fp32": ("compiled", "inductor")}
+# The knob a quick tuning tries on the strategy it chose, within its own budget: inputs bound once instead of fed
+# on every pass, which small models notice (kept for mobilenet_v2 and efficientnet_b0 by thorough tunings here)
 QUICK_KNOBS = ("io_binding",)
 QUICK_KNOB_BUDGET_S = 20.0
 
