@@ -48,12 +48,18 @@ JOURNAL_ENV = "AIO_JOURNAL"            # backends/crashes.py: where a configurat
 # variables are read when a command runs, never at import, so they choose no server either; except those the
 # preload reads: the binding its first step applies (machine/binding.py) and the cache torchvision's shim builds in.
 PER_PROCESS = frozenset({DRIVER_PID_ENV, JOURNAL_ENV, "PYTEST_CURRENT_TEST"})
-PRELOAD_READS = frozenset({"AIO_BINDING", "AIO_CACHE_DIR"})
-# What every measurement process imports before its first pass, in this order, after a driver's sched_setaffinity
-# binding (before torch starts its threads); a module that does not import (an engine not installed) is left to the
+PRELOAD_READS = frozenset({"AIO_CACHE_DIR"})
+# What a fork applies itself, before its command runs, so that neither chooses a server and a run over thread counts
+# and core sets forks every process from one server: the thread count (OpenMP reads OMP_NUM_THREADS once, when torch
+# loads; the fork sets it as OpenMP would have: FORK_STEPS) and the cores (numactl's --physcpubind is a
+# sched_setaffinity, which the fork calls; numactl's memory binding, which must hold for every page, still starts a
+# server of its own). Neither thread pool has started in the server, so the fork's threads start on its cores.
+FORK_APPLIED = frozenset({"OMP_NUM_THREADS"})
+FORK_STEPS = ("aio_examples.machine.binding:apply_in_child", "aio_examples.machine.threads:apply_in_fork")
+# What every measurement process imports before its first pass, in this order; a module that does not import (an engine not installed) is left to the
 # processes that need it. Not ONNX Runtime: it starts a thread at import, which a fork does not have and which its
 # exit then fails to join (std::system_error). Named, not imported: the server runs what the layers above provide.
-PRELOAD = ("aio_examples.machine.binding:apply_in_child", "torch",
+PRELOAD = ("torch",
            "aio_examples.compat.torchvision_shim:ensure_torchvision", "aio_examples.cli.commands",
            "aio_examples.measurement.runner", "aio_examples.backends", "aio_examples.models", "transformers",
            "transformers.modeling_utils", "torch._dynamo", "torch._inductor.compile_fx", "openvino")
@@ -224,11 +230,39 @@ _servers_lock = threading.Lock()
 
 def _shapes_server(name: str) -> bool:
     """Whether a variable may change what the server's imports do, so that it needs a server of its own."""
-    return name not in PER_PROCESS and (not name.startswith("AIO_") or name in PRELOAD_READS)
+    return name not in PER_PROCESS and name not in FORK_APPLIED and (not name.startswith("AIO_") or
+                                                                      name in PRELOAD_READS)
 
 
 def _key(env: dict, prefix: list) -> tuple:
     return tuple(prefix), tuple(sorted((k, v) for k, v in env.items() if _shapes_server(k)))
+
+
+def _cpu_list(text: str) -> list[int] | None:
+    """numactl's "0-3,6" as CPU numbers; None for what else numactl accepts ("all", "+1", "!2", ...)."""
+    cpus = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        if not (low.isdigit() and (not high or high.isdigit())):
+            return None
+        cpus.extend(range(int(low), int(high or low) + 1))
+    return cpus or None
+
+
+def server_prefix(prefix: list) -> tuple[list, list[int] | None]:
+    """The prefix of the server a command with `prefix` forks from, and the CPUs the fork binds itself to: a numactl
+    prefix of --physcpubind and --membind loses its --physcpubind (FORK_APPLIED's comment); any other is kept."""
+    if not prefix or os.path.basename(prefix[0]) != "numactl":
+        return list(prefix), None
+    cpus, kept = None, []
+    for arg in prefix[1:]:
+        name, _, value = arg.partition("=")
+        if name == "--physcpubind" and cpus is None and (cpus := _cpu_list(value)) is not None:
+            continue
+        if name != "--membind":
+            return list(prefix), None
+        kept.append(arg)
+    return (["numactl", *kept] if kept else []), cpus
 
 
 def _server(env: dict, prefix: list) -> Server:
@@ -256,17 +290,18 @@ def spawn(argv: list, env: dict, cwd, prefix: list | None, stdio: tuple, pass_fd
     docstring says when)."""
     if not (len(argv) > 1 and argv[0] in ("-m", "-c") and enabled(env)):
         return None
+    prefix, cpus = server_prefix(list(prefix or []))
     header = json.dumps({"argv": list(argv), "env": dict(env), "cwd": str(cwd or os.getcwd()),
-                         "targets": [0, 1, 2, *pass_fds], "prefix": list(prefix or [])}).encode()
+                         "targets": [0, 1, 2, *pass_fds], "prefix": prefix, "cpus": cpus}).encode()
     if len(header) > MAX_HEADER:
         return None
-    return _server(env, list(prefix or [])).fork(header, [*stdio, *pass_fds], [sys.executable, *argv])
+    return _server(env, prefix).fork(header, [*stdio, *pass_fds], [sys.executable, *argv])
 
 
 def prestart(env: dict, prefix: list | None = None) -> None:
     """Start the server for `env` and `prefix` now, so its imports run while the driver does its own."""
     if enabled(env):
-        _server(env, list(prefix or []))
+        _server(env, server_prefix(list(prefix or []))[0])
 
 
 def stop_all() -> None:
@@ -428,6 +463,11 @@ def _become(request: dict, fds: list, conn: socket.socket) -> None:
     os.environ[DRIVER_PID_ENV] = str(os.getppid())      # it dies with the server, which dies with the driver
     die_with_parent()                                   # whatever it runs (a fork does not keep the server's)
     os.chdir(request["cwd"])
+    if request.get("cpus"):
+        os.sched_setaffinity(0, request["cpus"])        # numactl --physcpubind's own call
+    for step in FORK_STEPS:
+        module, _, call = step.partition(":")
+        getattr(importlib.import_module(module), call)()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -70,3 +70,16 @@ def apply_threads(threads: int) -> int:
 
     torch.set_num_threads(threads)
     return torch.get_num_threads()
+
+
+def apply_in_fork() -> None:
+    """In a process forked from a fork server (core/forkserver.py), whose torch loaded without OMP_NUM_THREADS: the
+    thread count OpenMP would have read as torch loaded here, OMP_NUM_THREADS (its first number) or else the cores
+    this process may run on."""
+    import sys
+
+    if "torch" not in sys.modules:
+        return
+    first = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    threads = int(first) if first.isdigit() and int(first) > 0 else len(os.sched_getaffinity(0))
+    sys.modules["torch"].set_num_threads(threads)

@@ -1,7 +1,9 @@
 """Measurement processes forked from the fork server (core/forkserver.py): each one as a fresh interpreter would be
 (its command, environment, folder, descriptors, exit code), a crash only its own, none left behind its driver."""
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -19,18 +21,19 @@ REPORT = textwrap.dedent("""
     fd = int(sys.argv[1])
     os.write(fd, json.dumps({"ppid": os.getppid(), "argv": sys.argv, "cwd": os.getcwd(),
                              "var": os.environ.get("AIO_TEST_VAR"),
-                             "debug": os.environ.get("AIO_DEBUG_MODE"), "torch": "torch" in sys.modules}).encode())
+                             "debug": os.environ.get("AIO_DEBUG_MODE"), "torch": "torch" in sys.modules,
+                             "cpus": sorted(os.sched_getaffinity(0)),
+                             "threads": sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None
+                             }).encode())
     print("to stderr", file=sys.stderr)
     sys.exit(int(sys.argv[2]))
 """)
 
 
-def _report(env=None, cwd=None, code=0):
-    import json
-
+def _report(env=None, cwd=None, code=0, prefix=None):
     r, w = os.pipe()
     try:
-        proc = Isolated(["-c", REPORT, str(w), str(code)], env=env, cwd=cwd, pass_fds=(w,))
+        proc = Isolated(["-c", REPORT, str(w), str(code)], env=env, cwd=cwd, pass_fds=(w,), prefix=prefix)
     finally:
         os.close(w)
     outcome = proc.wait(120)
@@ -53,14 +56,32 @@ def test_a_forked_process_gets_its_command_environment_folder_descriptors_and_ex
 
 def test_a_per_process_variable_shares_the_server_and_another_environment_gets_its_own():
     # a command's own variables (the journal, AIO_DEBUG_MODE) share a server and reach the process; a variable
-    # an import may read (OMP_*, or the binding the preload applies) gets a server of its own
-    base = {**os.environ, "OMP_TEST_VAR": "a"}
+    # an import may read (OMP_* but the thread count) gets a server of its own
+    base = dict(os.environ)          # the other tests' server
     said = _report({**base, forkserver.JOURNAL_ENV: "/tmp/one"})[1]
     said_too = _report({**base, forkserver.JOURNAL_ENV: "/tmp/two", "AIO_DEBUG_MODE": "1"})[1]
     other = _report({**base, "OMP_TEST_VAR": "b"})[1]["ppid"]
-    bound = _report({**base, "AIO_BINDING": "{}"})[1]["ppid"]
-    assert said["ppid"] == said_too["ppid"] != other != bound != said["ppid"]
+    assert said["ppid"] == said_too["ppid"] != other
     assert (said["debug"], said_too["debug"]) == (None, "1")
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not shutil.which("numactl"), reason="needs numactl, 2 CPUs")
+def test_thread_counts_and_core_bindings_fork_from_one_server_each_on_its_cores():
+    # what a sweep's points differ in: the thread count (OpenMP's variable) and the cores (numactl's, or the
+    # sched_setaffinity binding in AIO_BINDING); each process runs on its cores with its threads, as a fresh one would
+    first, second = sorted(os.sched_getaffinity(0))[:2]
+    base = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "AIO_BINDING")}
+    runs = [_report({**base, "OMP_NUM_THREADS": "1"}, prefix=["numactl", f"--physcpubind={first}"])[1],
+            _report({**base, "OMP_NUM_THREADS": "2"}, prefix=["numactl", f"--physcpubind={first},{second}"])[1],
+            _report({**base, "AIO_BINDING": json.dumps({"method": "sched_setaffinity", "cores": [second]})})[1],
+            _report(base, prefix=["numactl", f"--physcpubind={second}"])[1]]
+    assert len({r["ppid"] for r in runs}) == 1 and runs[0]["ppid"] != os.getpid()
+    assert [r["cpus"] for r in runs] == [[first], [first, second], [second], [second]]
+    # no OMP_NUM_THREADS: OpenMP's default, the cores it may run on
+    assert [r["threads"] for r in runs] == [1, 2, 1, 1]
+    fresh = _report({**base, "OMP_NUM_THREADS": "1", forkserver.ENABLE_ENV: "0"},
+                    prefix=["numactl", f"--physcpubind={second}"])[1]
+    assert (fresh["cpus"], fresh["ppid"]) == ([second], os.getpid())
 
 
 def test_a_crash_in_a_forked_process_is_its_own_and_a_timeout_kills_it():
