@@ -45,10 +45,11 @@ DRIVER_PID_ENV = "AIO_DRIVER_PID"      # die_with_parent: the pid whose death ki
 JOURNAL_ENV = "AIO_JOURNAL"            # backends/crashes.py: where a configuration's process notes its candidate
 # Variables that differ from process to process and that no preloaded import reads: the server for an environment
 # is chosen without them (each fork still gets them). pytest's changes with every test. The harness's own AIO_*
-# variables are read when a command runs, never at import, so they choose no server either; except those the
-# preload reads: the binding its first step applies (machine/binding.py) and the cache torchvision's shim builds in.
+# variables are read when a command runs, never at import, so they choose no server either. The preload reads one,
+# the cache folder torchvision's shim builds its stand-ins in: a server takes the first driver's, and its forks,
+# whatever their own, use the torchvision it loaded (each fork's command then caches in its own folder).
 PER_PROCESS = frozenset({DRIVER_PID_ENV, JOURNAL_ENV, "PYTEST_CURRENT_TEST"})
-PRELOAD_READS = frozenset({"AIO_CACHE_DIR"})
+SERVER_TAKES = frozenset({"AIO_CACHE_DIR"})
 # What a fork applies itself, before its command runs, so that neither chooses a server and a run over thread counts
 # and core sets forks every process from one server: the thread count (OpenMP reads OMP_NUM_THREADS once, when torch
 # loads; the fork sets it as OpenMP would have: FORK_STEPS) and the cores (numactl's --physcpubind is a
@@ -230,8 +231,7 @@ _servers_lock = threading.Lock()
 
 def _shapes_server(name: str) -> bool:
     """Whether a variable may change what the server's imports do, so that it needs a server of its own."""
-    return name not in PER_PROCESS and name not in FORK_APPLIED and (not name.startswith("AIO_") or
-                                                                      name in PRELOAD_READS)
+    return name not in PER_PROCESS and name not in FORK_APPLIED and not name.startswith("AIO_")
 
 
 def _key(env: dict, prefix: list) -> tuple:
@@ -278,7 +278,8 @@ def _server(env: dict, prefix: list) -> Server:
                 _servers.pop(idle.pop(0)).stop()
             if not _servers:
                 atexit.register(stop_all)
-            server = _servers[key] = Server({k: v for k, v in env.items() if _shapes_server(k)}, prefix)
+            server = _servers[key] = Server({k: v for k, v in env.items() if _shapes_server(k) or k in SERVER_TAKES},
+                                            prefix)
             logger.debug("fork server %d started (%d running)", server.proc.pid, len(_servers))
         _servers.move_to_end(key)
         return server
