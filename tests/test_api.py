@@ -113,7 +113,8 @@ def test_benchmark_of_several_backends_is_one_interleaved_run():
         assert r.speedup_vs_eager_fp32 == pytest.approx(results[0].median_ms / r.median_ms)
 
 
-@pytest.mark.parametrize("forked", ["1", "0"], ids=["forked", "fresh interpreter"])
+# The fresh interpreter in the slow tier: the same steps, paid with a whole interpreter's imports
+@pytest.mark.parametrize("forked", ["1", pytest.param("0", marks=pytest.mark.slow)], ids=["forked", "fresh interpreter"])
 def test_a_torchvision_model_the_user_built_is_measured_in_its_own_process(monkeypatch, forked):
     # the configuration's process makes torchvision load on this torch before it unpickles the user's module,
     # as the caller had; forked from the fork server or started as a fresh interpreter (AIO_FORKSERVER=0)

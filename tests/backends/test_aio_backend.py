@@ -144,6 +144,9 @@ def test_tuning_on_a_machine_busy_throughout_is_provisional_and_not_cached(monke
     assert not Path(tuning["file"]).exists()
 
 
+# The slow tier: two tunings, one under load; the busy machine's own rule stays in the default tier
+# (test_tuning_on_a_machine_busy_throughout_...)
+@pytest.mark.slow
 def test_a_busy_machine_keeps_the_decision_taken_before_under_other_library_versions(monkeypatch):
     """The decision of a quiet run whose key differs only in library versions (an upgrade since) wins over
     timings taken while other processes held every core."""
@@ -227,8 +230,8 @@ def test_the_compiled_strategy_keeps_the_modules_other_methods():
 
 
 def test_tuning_keeps_no_strategy_whose_outputs_fail_the_check(monkeypatch):
-    """A strategy whose outputs fail the check is refused with the check's reason; when every one fails, the
-    fastest is kept and the decision says so (its record then fails the check itself)."""
+    """A strategy whose outputs fail the check is refused with the check's reason (when every one fails, the fastest
+    is kept and the decision says so, its record then failing the check itself: the test after this one)."""
     from aio_examples.backends import BACKENDS, PrepareContext
     from aio_examples.measurement.timing import time_passes
 
@@ -249,7 +252,21 @@ def test_tuning_keeps_no_strategy_whose_outputs_fail_the_check(monkeypatch):
     info = tuned(lambda out, precision: "wrong" if isinstance(out, torch.Tensor) else None, "checked-one")
     assert info["strategy"] in ("onnxruntime", "openvino")
     assert info["tuning"]["refused"]["compiled"] == "outputs fail the output check: wrong"
-    info = tuned(lambda out, precision: "wrong", "checked-all")
+
+
+# The slow tier: a thorough tuning of its own; refusing the strategies that fail stays in the default tier (above)
+@pytest.mark.slow
+def test_a_tuning_whose_every_strategy_fails_the_check_keeps_the_fastest_and_says_so(monkeypatch):
+    from aio_examples.backends import BACKENDS, PrepareContext
+    from aio_examples.measurement.timing import time_passes
+
+    monkeypatch.setattr(timing, "TUNING_CONTENDED_CORES", float("inf"))
+    monkeypatch.setenv("AIO_TUNE", "thorough")
+    torch.manual_seed(3)
+    inputs = (torch.randn(2, 32),)
+    ctx = PrepareContext(model_name="checked-all", task="custom", family="nlp", shape={}, batch_size=2,
+                         weights_id="checked-all", time_passes=time_passes, check=lambda out, precision: "wrong")
+    info = BACKENDS["aio"].prepare(Mlp().eval(), inputs, "fp32", 1, ctx).info
     assert info["strategy"] in info["tuning"]["medians_ms"] and "every strategy" in info["tuning"]["output_check"]
 
 

@@ -98,6 +98,8 @@ def test_a_knob_that_wins_is_kept_applied_and_reused_from_the_cache(knobs_on, mo
     assert again.backend_info["session"]["allow_spinning"] == "0" and again.check["passed"]
 
 
+# The slow tier: a knob tuning confirmed in a fresh instance; the quick knobs' own test stays in the default tier
+@pytest.mark.slow
 def test_a_win_that_a_fresh_instance_does_not_confirm_is_not_kept(knobs_on, monkeypatch):
     """Each knob wins its first trial (the kept settings handicapped), then loses against a fresh instance of the
     kept settings (the knob's instance handicapped): nothing is kept, and the record says why. Two knobs are

@@ -120,6 +120,8 @@ def outcomes(tmp_path_factory):
     return cases, json.loads(proc.stdout), tmp_path, before, after
 
 
+# The slow tier: a few hundred commands; each command's own bad-input tests stay in the default tier
+@pytest.mark.slow
 def test_a_few_hundred_bad_values_each_get_one_line_and_exit_2(outcomes):
     cases, results, _, _, _ = outcomes
     assert len(cases) >= 250
@@ -129,6 +131,9 @@ def test_a_few_hundred_bad_values_each_get_one_line_and_exit_2(outcomes):
     assert not wrong, "\n".join(f"{c} -> {r['code']}: {r['stderr'][-300:]!r}" for c, r in wrong[:15])
 
 
+# The slow tier: the same few hundred commands (one fixture); the bad-input tests of loadgen, sweep and the model
+# files also check that nothing was written
+@pytest.mark.slow
 def test_bad_input_writes_nothing_outside_the_output_and_no_partial_line(outcomes):
     _, _, tmp_path, before, after = outcomes
     assert before == after                                          # nothing in the source tree

@@ -70,6 +70,9 @@ def test_an_exported_program_runs_on_every_backend_with_its_own_inputs(files, tm
         assert r["weights"] == "file" and "sha256" in r["weights_path"] and r["check"]["passed"]
 
 
+# The slow tier: a second file format through the whole command (with inductor's compile): the ONNX file keeps that
+# door in the default tier
+@pytest.mark.slow
 def test_a_torchscript_file_runs_where_it_can_and_says_where_not(files, tmp_path):
     proc = run_cli(["-m", "aio_examples", "run", "--model-file", str(files / "scripted.pt"), "--input-shape",
                     "x=2x64", "--backend", "eager,inductor,onnxruntime", "--timeout", "0.5", "-t", "1",

@@ -58,6 +58,8 @@ def test_a_record_the_disk_cannot_take_whole_leaves_no_half_line_and_is_kept_els
     assert [r.model for r in res.read(out)] == ["first", "after"]
 
 
+# The slow tier: a whole command on a full file system; the appends' own tests stay in the default tier
+@pytest.mark.slow
 def test_a_run_on_a_full_disk_says_its_records_were_not_appended_and_exits_non_zero(small_fs, tmp_path):
     out = small_fs / "out"
     out.mkdir()

@@ -73,6 +73,9 @@ except KeyboardInterrupt:
 """
 
 
+# The slow tier: a whole command interrupted while preparing; run.py's Ctrl-C test (tests/cli/test_cli.py) stays in
+# the default tier
+@pytest.mark.slow
 def test_a_ctrl_c_a_library_swallows_while_preparing_still_stops_the_run(tmp_path):
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", SWALLOWED, str(tmp_path)], cwd=ROOT, capture_output=True,

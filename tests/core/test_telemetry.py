@@ -27,6 +27,8 @@ for precision in ("fp32", "int8"):
 """
 
 
+# The slow tier: OpenVINO's conversion and NNCF's quantization in a fresh home, a whole command
+@pytest.mark.slow
 def test_openvino_conversion_and_nncf_leave_nothing_in_home_and_send_nothing(tmp_path):
     home = tmp_path / "home"
     home.mkdir()

@@ -117,6 +117,9 @@ def _eager_matches_torchvision(name: str, shape: dict, coco, tmp_path, **builder
     return eager
 
 
+# The slow tier: a second detector on every backend shape; RetinaNet keeps the reference protocol in the default
+# tier
+@pytest.mark.slow
 def test_fasterrcnn_scores_what_torchvision_gives_on_every_backend_shape(coco, tmp_path):
     """Eager cuts each image out of the padded batch; ONNX Runtime's graph, exported for one input shape, does the
     same inside the graph: both give torchvision's detections of the original images."""

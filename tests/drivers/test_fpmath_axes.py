@@ -78,6 +78,8 @@ def test_a_sweep_file_takes_the_axes_and_the_point_process_gets_them(tmp_path):
     assert failed.key(machine="*")._replace(machine="*") == point.key        # its record is keyed as the point
 
 
+# The slow tier: a sweep of its own; the fpmath axes' parsing and the small sweep stay in the default tier
+@pytest.mark.slow
 def test_a_sweep_point_reads_the_mode_and_the_variables_back_in_its_own_process(tmp_path):
     out = tmp_path / "sweep"
     proc = run_cli(["-m", "aio_examples", "sweep", "resnet_18", "--input-size", "32", "--backends", "eager",

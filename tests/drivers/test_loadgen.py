@@ -33,6 +33,9 @@ def session(tmp_path, instances=1, batch_size=1):
     return Session(MODEL, "eager", "fp32", batch_size, instances, 1, tmp_path, SHAPE)
 
 
+# The slow tier: three LoadGen tests through the Python session; the CLI's Server run keeps LoadGen in the default
+# tier
+@pytest.mark.slow
 def test_every_scenario_runs_under_loadgen_and_keeps_its_logs(tmp_path):
     with session(tmp_path, batch_size=2) as s:
         offline = s.run(ServingSettings("Offline", **SHORT))
@@ -155,6 +158,9 @@ def test_generators_are_refused_before_starting(tmp_path):
     assert proc.returncode == 2 and "generates text" in proc.stderr
 
 
+# The slow tier: a whole command that measures a pass to refuse the bound; loadgen's other bad input stays in the
+# default tier
+@pytest.mark.slow
 def test_a_latency_bound_below_one_pass_is_refused_before_loadgen_runs(tmp_path):
     proc = run_cli(["-m", "aio_examples", "loadgen", MODEL, "--input-size", "64", "--scenario", "Server",
                     "--target-qps", "5", "--latency-ms", "0.001", "--backend", "eager", "--output", str(tmp_path)],
@@ -325,12 +331,17 @@ def _server_with_slow_queries(tmp_path, queries: int, slow: set) -> dict:
     return verdict("Server", parse_detail(tmp_path / "mlperf_log_detail.txt"))
 
 
-def test_query_counts_follow_loadgens_own_early_stopping_rule(tmp_path):
+def test_query_counts_follow_loadgens_own_early_stopping_rule():
     # LoadGen's p99 figures: 459 queries without a miss, 662 with one, 838 with two
     assert [early_stopping_queries(k, 0.99) for k in range(3)] == [459, 662, 838]
     assert absorbable_misses(837, 0.99) == 1 and absorbable_misses(838, 0.99) == 2
     assert absorbable_misses(458, 0.99) is None
-    # and the real LoadGen agrees: two slow queries in exactly that many pass, one query fewer does not
+
+
+# The slow tier: two real LoadGen Server tests of 838 queries; the rule's figures stay in the default tier (above)
+@pytest.mark.slow
+def test_the_real_loadgen_agrees_with_the_early_stopping_query_counts(tmp_path):
+    # two slow queries in exactly that many pass, one query fewer does not
     need = early_stopping_queries(2, 0.99)
     enough = _server_with_slow_queries(tmp_path / "a", need, {50, 400})
     assert enough["overlatency_queries"] == 2 and enough["validity"] == "VALID", enough

@@ -117,6 +117,8 @@ def test_a_driver_killed_mid_sweep_loses_nothing_and_the_rerun_finishes_without_
     assert len(ids) == len(set(ids)) == 3 and after[:len(before)] == before
 
 
+# The slow tier: a sweep interrupted as a whole command; run.py's Ctrl-C test stays in the default tier
+@pytest.mark.slow
 def test_ctrl_c_stops_cleanly_saying_what_is_done(tmp_path):
     out = tmp_path / "sweep"
     args = [sys.executable, "-m", "aio_examples", "sweep", *SMALL, "--output", str(out), "--backends",

@@ -128,6 +128,8 @@ def test_peak_prints_the_bandwidth_per_thread_count(tmp_path):
     assert bad.returncode == 2 and "--only" in bad.stderr
 
 
+# The slow tier: the int8 GEMM peak on every engine, `aio-examples peak`'s own measurement like its bandwidth table
+@pytest.mark.slow
 def test_the_int8_gemm_peak_is_measured_on_integer_kernels(tmp_path):
     """int8: torch's int8 x int8 -> int32 GEMM and OpenVINO's FakeQuantize MatMul, which must run as an int8 GEMM
     (its runtime precision read back) to count; the figure is cached with fp32's and bf16's."""

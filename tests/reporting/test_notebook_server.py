@@ -65,6 +65,9 @@ def test_start_notebook_prints_the_url_and_refuses_requests_without_the_token(se
         assert "--allow-root" in printed
 
 
+# The slow tier: JupyterLab and Chromium started for one page: the notebook server's token test stays in the default
+# tier
+@pytest.mark.slow
 def test_the_dashboard_runs_in_a_real_browser_and_draws_a_plot(server):
     sync_api = pytest.importorskip("playwright.sync_api")
     base, token, tmp_path = server
