@@ -56,6 +56,9 @@ SERVER_TAKES = frozenset({"AIO_CACHE_DIR"})
 # sched_setaffinity, which the fork calls; numactl's memory binding, which must hold for every page, still starts a
 # server of its own). Neither thread pool has started in the server, so the fork's threads start on its cores.
 FORK_APPLIED = frozenset({"OMP_NUM_THREADS"})
+# Read where they are used, not at import: inductor's cache folder (which inductor itself sets in the driver the first
+# time it looks, after the driver's server has started).
+READ_WHEN_USED = frozenset({"TORCHINDUCTOR_CACHE_DIR"})
 FORK_STEPS = ("aio_examples.machine.binding:apply_in_child", "aio_examples.machine.threads:apply_in_fork")
 # What every measurement process imports before its first pass, in this order; a module that does not import (an engine not installed) is left to the
 # processes that need it. Not ONNX Runtime: it starts a thread at import, which a fork does not have and which its
@@ -231,7 +234,7 @@ _servers_lock = threading.Lock()
 
 def _shapes_server(name: str) -> bool:
     """Whether a variable may change what the server's imports do, so that it needs a server of its own."""
-    return name not in PER_PROCESS and name not in FORK_APPLIED and not name.startswith("AIO_")
+    return not (name in PER_PROCESS or name in FORK_APPLIED or name in READ_WHEN_USED or name.startswith("AIO_"))
 
 
 def _key(env: dict, prefix: list) -> tuple:
