@@ -46,20 +46,23 @@ JOURNAL_ENV = "AIO_JOURNAL"            # backends/crashes.py: where a configurat
 # Variables that differ from process to process and that no preloaded import reads: the server for an environment
 # is chosen without them (each fork still gets them). pytest's changes with every test. The harness's own AIO_*
 # variables are read when a command runs, never at import, so they choose no server either. The preload reads one,
-# the cache folder torchvision's shim builds its stand-ins in: a server takes the first driver's, and its forks,
-# whatever their own, use the torchvision it loaded (each fork's command then caches in its own folder).
+# the cache folder torchvision's shim builds its stand-ins in: a server takes the first driver's (a folder it can
+# write in; else that command runs fresh), and its forks, whatever their own, use the torchvision it loaded (each
+# fork's command then caches in its own folder).
 PER_PROCESS = frozenset({DRIVER_PID_ENV, JOURNAL_ENV, "PYTEST_CURRENT_TEST"})
 SERVER_TAKES = frozenset({"AIO_CACHE_DIR"})
-# What a fork applies itself, before its command runs, so that neither chooses a server and a run over thread counts
-# and core sets forks every process from one server: the thread count (OpenMP reads OMP_NUM_THREADS once, when torch
+# What a fork applies itself, before its command runs, so that none chooses a server and a run over thread counts
+# and core sets forks every process from one server: transformers' verbosity (which every command sets), the thread
+# count (OpenMP reads OMP_NUM_THREADS once, when torch
 # loads; the fork sets it as OpenMP would have: FORK_STEPS) and the cores (numactl's --physcpubind is a
 # sched_setaffinity, which the fork calls; numactl's memory binding, which must hold for every page, still starts a
 # server of its own). Neither thread pool has started in the server, so the fork's threads start on its cores.
-FORK_APPLIED = frozenset({"OMP_NUM_THREADS"})
+FORK_APPLIED = frozenset({"OMP_NUM_THREADS", "TRANSFORMERS_VERBOSITY"})
 # Read where they are used, not at import: inductor's cache folder (which inductor itself sets in the driver the first
 # time it looks, after the driver's server has started).
 READ_WHEN_USED = frozenset({"TORCHINDUCTOR_CACHE_DIR"})
-FORK_STEPS = ("aio_examples.machine.binding:apply_in_child", "aio_examples.machine.threads:apply_in_fork")
+FORK_STEPS = ("aio_examples.machine.binding:apply_in_child", "aio_examples.machine.threads:apply_in_fork",
+              "aio_examples.core.log:apply_in_fork")
 # What every measurement process imports before its first pass, in this order; a module that does not import (an engine not installed) is left to the
 # processes that need it. Not ONNX Runtime: it starts a thread at import, which a fork does not have and which its
 # exit then fails to join (std::system_error). Named, not imported: the server runs what the layers above provide.
@@ -268,7 +271,15 @@ def server_prefix(prefix: list) -> tuple[list, list[int] | None]:
     return (["numactl", *kept] if kept else []), cpus
 
 
-def _server(env: dict, prefix: list) -> Server:
+def _writable_folder(path: str) -> bool:
+    """Whether `path` is, or can be made, a folder this user writes in."""
+    path = os.path.abspath(path)
+    while not os.path.lexists(path):
+        path = os.path.dirname(path)
+    return os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)
+
+
+def _server(env: dict, prefix: list) -> Server | None:
     key = _key(env, prefix)
     with _servers_lock:
         server = _servers.get(key)
@@ -276,6 +287,9 @@ def _server(env: dict, prefix: list) -> Server:
             del _servers[key]
             server = None
         if server is None:
+            cache = env.get("AIO_CACHE_DIR")
+            if cache and not _writable_folder(cache):     # the command says so itself; no server is built on it
+                return None
             idle = [k for k, s in _servers.items() if not s.busy]
             while len(_servers) >= MAX_SERVERS and idle:
                 _servers.pop(idle.pop(0)).stop()
@@ -299,7 +313,8 @@ def spawn(argv: list, env: dict, cwd, prefix: list | None, stdio: tuple, pass_fd
                          "targets": [0, 1, 2, *pass_fds], "prefix": prefix, "cpus": cpus}).encode()
     if len(header) > MAX_HEADER:
         return None
-    return _server(env, prefix).fork(header, [*stdio, *pass_fds], [sys.executable, *argv])
+    server = _server(env, prefix)
+    return None if server is None else server.fork(header, [*stdio, *pass_fds], [sys.executable, *argv])
 
 
 def prestart(env: dict, prefix: list | None = None) -> None:

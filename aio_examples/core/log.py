@@ -36,6 +36,20 @@ def configure(mode: int | None = None) -> int:
         # Libraries warn about tracing and config details the user did not choose; show them from 3 on.
         warnings.simplefilter("ignore")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        apply_in_fork()             # transformers may be loaded already: a fork of the fork server's
         # torchao (imported by transformers when installed) logs that its CUDA-only kernels are missing.
         logging.getLogger("torchao").setLevel(logging.ERROR)
     return mode
+
+
+def apply_in_fork() -> None:
+    """In a process forked from a fork server (core/forkserver.py), whose transformers read TRANSFORMERS_VERBOSITY as
+    it loaded there: this process's own, as transformers would have read it here."""
+    import sys
+
+    verbosity = os.environ.get("TRANSFORMERS_VERBOSITY", "").strip().lower()
+    if "transformers" in sys.modules and verbosity:
+        from transformers.utils import logging as hf_logging
+
+        if verbosity in hf_logging.log_levels:
+            hf_logging.set_verbosity(hf_logging.log_levels[verbosity])
