@@ -26,6 +26,9 @@ def start_and_wait_for_measuring(args):
     return proc, lines
 
 
+# The slow tier: a second signal through a whole command; run.py's Ctrl-C test (tests/cli/test_cli.py) keeps "an
+# interrupt keeps what was measured" in the default tier
+@pytest.mark.slow
 def test_sigterm_while_measuring_keeps_the_measurement_and_exits_143(tmp_path):
     proc, _ = start_and_wait_for_measuring([*RUN, "--output", str(tmp_path)])
     proc.send_signal(signal.SIGTERM)

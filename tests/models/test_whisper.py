@@ -25,6 +25,9 @@ def tiny_whisper():
     return get_model("whisper_tiny").with_config(TINY)
 
 
+# The slow tier: a second generator compiled by inductor; tests/measurement/test_generation.py keeps inductor's
+# warm-up-only compile of a generation in the default tier
+@pytest.mark.slow
 def test_whisper_generates_on_eager_and_inductor_with_the_generation_metrics_and_no_recompilation(tmp_path):
     spec = tiny_whisper()
     records = run(RunRequest(spec, ["eager", "inductor"], "fp32", 1, ThreadChoice(1, "--threads"),
