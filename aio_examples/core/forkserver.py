@@ -53,21 +53,21 @@ PER_PROCESS = frozenset({DRIVER_PID_ENV, JOURNAL_ENV, "PYTEST_CURRENT_TEST"})
 SERVER_TAKES = frozenset({"AIO_CACHE_DIR"})
 # What a fork applies itself, before its command runs, so that none chooses a server and a run over thread counts
 # and core sets forks every process from one server: transformers' verbosity (which every command sets), the thread
-# count (OpenMP reads OMP_NUM_THREADS once, when torch
-# loads; the fork sets it as OpenMP would have: FORK_STEPS) and the cores (numactl's --physcpubind is a
-# sched_setaffinity, which the fork calls; numactl's memory binding, which must hold for every page, still starts a
-# server of its own). Neither thread pool has started in the server, so the fork's threads start on its cores.
+# count (OpenMP reads OMP_NUM_THREADS once, when torch loads; the fork sets it as OpenMP would have: FORK_STEPS) and
+# the cores (numactl's --physcpubind is a sched_setaffinity, which the fork calls; numactl's memory binding, which
+# must hold for every page, still starts a server of its own). Neither thread pool has started in the server, so
+# the fork's threads start on its cores.
 FORK_APPLIED = frozenset({"OMP_NUM_THREADS", "TRANSFORMERS_VERBOSITY"})
 # Read where they are used, not at import: inductor's cache folder (which inductor itself sets in the driver the first
 # time it looks, after the driver's server has started).
 READ_WHEN_USED = frozenset({"TORCHINDUCTOR_CACHE_DIR"})
 FORK_STEPS = ("aio_examples.machine.binding:apply_in_child", "aio_examples.machine.threads:apply_in_fork",
               "aio_examples.core.log:apply_in_fork")
-# What every measurement process imports before its first pass, in this order; a module that does not import (an engine not installed) is left to the
-# processes that need it. Not ONNX Runtime: it starts a thread at import, which a fork does not have and which its
-# exit then fails to join (std::system_error). Named, not imported: the server runs what the layers above provide.
-PRELOAD = ("torch",
-           "aio_examples.compat.torchvision_shim:ensure_torchvision", "aio_examples.cli.commands",
+# What every measurement process imports before its first pass, in this order; a module that does not import (an
+# engine not installed) is left to the processes that need it. Not ONNX Runtime: it starts a thread at import, which
+# a fork does not have and which its exit then fails to join (std::system_error). Named, not imported: the server
+# runs what the layers above provide.
+PRELOAD = ("torch", "aio_examples.compat.torchvision_shim:ensure_torchvision", "aio_examples.cli.commands",
            "aio_examples.measurement.runner", "aio_examples.backends", "aio_examples.models", "transformers",
            "transformers.modeling_utils", "torch._dynamo", "torch._inductor.compile_fx", "openvino")
 MAX_SERVERS = 4

@@ -81,5 +81,4 @@ def apply_in_fork() -> None:
     if "torch" not in sys.modules:
         return
     first = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
-    threads = int(first) if first.isdigit() and int(first) > 0 else len(os.sched_getaffinity(0))
-    sys.modules["torch"].set_num_threads(threads)
+    apply_threads(int(first) if first.isdigit() and int(first) > 0 else len(os.sched_getaffinity(0)))

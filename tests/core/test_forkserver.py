@@ -55,8 +55,8 @@ def test_a_forked_process_gets_its_command_environment_folder_descriptors_and_ex
 
 
 def test_a_per_process_variable_shares_the_server_and_another_environment_gets_its_own():
-    # a command's own variables (the journal, AIO_DEBUG_MODE, its caches, the verbosity every command sets) share a server and reach the process; a variable
-    # an import may read (OMP_* but the thread count) gets a server of its own
+    # a command's own variables (the journal, AIO_DEBUG_MODE, its caches, the verbosity every command sets) share a
+    # server and reach the process; a variable an import may read (OMP_* but the thread count) gets a server of its own
     base = dict(os.environ)          # the other tests' server
     said = _report({**base, forkserver.JOURNAL_ENV: "/tmp/one"})[1]
     said_too = _report({**base, forkserver.JOURNAL_ENV: "/tmp/two", "AIO_DEBUG_MODE": "1",
