@@ -229,27 +229,29 @@ def test_the_compiled_strategy_keeps_the_modules_other_methods():
     assert prepared.info["passes"]["merge_linear"]["linears_merged"] == 3    # checked after the first call
 
 
-def test_tuning_keeps_no_strategy_whose_outputs_fail_the_check(monkeypatch):
-    """A strategy whose outputs fail the check is refused with the check's reason (when every one fails, the fastest
-    is kept and the decision says so, its record then failing the check itself: the test after this one)."""
+def _checked_tuning(monkeypatch, check, name) -> dict:
+    """aio's tuning of an Mlp at fp32 on one thread with this output `check`: the prepared candidate's info."""
     from aio_examples.backends import BACKENDS, PrepareContext
     from aio_examples.measurement.timing import time_passes
 
     monkeypatch.setattr(timing, "TUNING_CONTENDED_CORES", float("inf"))
     torch.manual_seed(3)
     inputs = (torch.randn(2, 32),)
+    ctx = PrepareContext(model_name=name, task="custom", family="nlp", shape={}, batch_size=2, weights_id=name,
+                         time_passes=time_passes, check=check)
+    return BACKENDS["aio"].prepare(Mlp().eval(), inputs, "fp32", 1, ctx).info
 
-    def tuned(check, name):
-        ctx = PrepareContext(model_name=name, task="custom", family="nlp", shape={}, batch_size=2, weights_id=name,
-                             time_passes=time_passes, check=check)
-        return BACKENDS["aio"].prepare(Mlp().eval(), inputs, "fp32", 1, ctx).info
 
+def test_tuning_keeps_no_strategy_whose_outputs_fail_the_check(monkeypatch):
+    """A strategy whose outputs fail the check is refused with the check's reason (when every one fails, the fastest
+    is kept and the decision says so, its record then failing the check itself: the test after this one)."""
     # a quick fp32 tuning leaves the compiled graph to the runtimes (settings.QUICK_LEFT_TO_RUNTIMES)
-    info = tuned(None, "quick-fp32")
+    info = _checked_tuning(monkeypatch, None, "quick-fp32")
     assert info["tuning"]["refused"]["compiled"].startswith("left out of a quick fp32 tuning")
     monkeypatch.setenv("AIO_TUNE", "thorough")         # which tries every strategy
     # the compiled strategy's output is a torch tensor, the runtimes' are numpy arrays: refuse the first
-    info = tuned(lambda out, precision: "wrong" if isinstance(out, torch.Tensor) else None, "checked-one")
+    info = _checked_tuning(monkeypatch, lambda out, precision: "wrong" if isinstance(out, torch.Tensor) else None,
+                           "checked-one")
     assert info["strategy"] in ("onnxruntime", "openvino")
     assert info["tuning"]["refused"]["compiled"] == "outputs fail the output check: wrong"
 
@@ -257,16 +259,8 @@ def test_tuning_keeps_no_strategy_whose_outputs_fail_the_check(monkeypatch):
 # The slow tier: a thorough tuning of its own; refusing the strategies that fail stays in the default tier (above)
 @pytest.mark.slow
 def test_a_tuning_whose_every_strategy_fails_the_check_keeps_the_fastest_and_says_so(monkeypatch):
-    from aio_examples.backends import BACKENDS, PrepareContext
-    from aio_examples.measurement.timing import time_passes
-
-    monkeypatch.setattr(timing, "TUNING_CONTENDED_CORES", float("inf"))
     monkeypatch.setenv("AIO_TUNE", "thorough")
-    torch.manual_seed(3)
-    inputs = (torch.randn(2, 32),)
-    ctx = PrepareContext(model_name="checked-all", task="custom", family="nlp", shape={}, batch_size=2,
-                         weights_id="checked-all", time_passes=time_passes, check=lambda out, precision: "wrong")
-    info = BACKENDS["aio"].prepare(Mlp().eval(), inputs, "fp32", 1, ctx).info
+    info = _checked_tuning(monkeypatch, lambda out, precision: "wrong", "checked-all")
     assert info["strategy"] in info["tuning"]["medians_ms"] and "every strategy" in info["tuning"]["output_check"]
 
 
